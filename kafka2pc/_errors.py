@@ -1,0 +1,160 @@
+"""The one place where kafka-python errors become kafka2pc errors.
+
+The control plane talks to the cluster through kafka-python; whatever it
+raises (an exception instance or class) or returns (a numeric error code in a
+response) goes through :func:`translate_kafka_python_error`, so that callers
+only ever see the tree drawn in :mod:`kafka2pc._exceptions`.  The caller
+chains the original: ``raise translate_kafka_python_error(exc, ctx) from exc``.
+
+The table follows the semantics the Java ``TransactionManager`` gives each
+error on the transactional APIs:
+
+=============================================  ==========================
+wire error                                     kafka2pc class
+=============================================  ==========================
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED,         AuthorizationError
+CLUSTER_/TOPIC_/GROUP_AUTHORIZATION_FAILED,
+SASL_AUTHENTICATION_FAILED
+PRODUCER_FENCED, INVALID_PRODUCER_EPOCH,       ProducerFencedError
+INVALID_PRODUCER_ID_MAPPING,
+TRANSACTION_COORDINATOR_FENCED
+UNSUPPORTED_VERSION (and kafka-python's        UnsupportedBrokerError
+IncompatibleBrokerVersion), UNSUPPORTED_...
+INVALID_TXN_STATE, TRANSACTION_ABORTABLE       AbortableError
+REQUEST_TIMED_OUT, client-side timeouts,       BrokerUnavailableError
+connection failures, no broker reachable
+NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, RetriableError
+COORDINATOR_NOT_AVAILABLE,
+CONCURRENT_TRANSACTIONS, any other retriable
+any other broker error                         FatalError
+anything else                                  KafkaTransactionError
+=============================================  ==========================
+
+A timed-out *EndTxn* is not retriable but indefinite; that decision needs the
+context of the call and is taken by the control plane, not here.
+"""
+
+from __future__ import annotations
+
+import kafka.errors as kafka_errors
+
+from kafka2pc._exceptions import (
+    AbortableError,
+    AuthorizationError,
+    BrokerUnavailableError,
+    FatalError,
+    Kafka2pcError,
+    KafkaTransactionError,
+    ProducerFencedError,
+    RetriableError,
+    UnsupportedBrokerError,
+)
+
+__all__ = ["error_name_for_code", "translate_kafka_python_error"]
+
+_AUTHORIZATION = frozenset(
+    {
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+        "CLUSTER_AUTHORIZATION_FAILED",
+        "TOPIC_AUTHORIZATION_FAILED",
+        "GROUP_AUTHORIZATION_FAILED",
+        "SASL_AUTHENTICATION_FAILED",
+        "DELEGATION_TOKEN_AUTHORIZATION_FAILED",
+    }
+)
+_FENCED = frozenset(
+    {
+        "PRODUCER_FENCED",
+        "INVALID_PRODUCER_EPOCH",
+        "INVALID_PRODUCER_ID_MAPPING",
+        "TRANSACTION_COORDINATOR_FENCED",
+    }
+)
+_UNSUPPORTED = frozenset({"UNSUPPORTED_VERSION", "UNSUPPORTED_FOR_MESSAGE_FORMAT"})
+_ABORTABLE = frozenset({"INVALID_TXN_STATE", "TRANSACTION_ABORTABLE"})
+_UNAVAILABLE = frozenset({"REQUEST_TIMED_OUT", "NETWORK_EXCEPTION", "BROKER_NOT_AVAILABLE"})
+_RETRIABLE = frozenset(
+    {
+        "NOT_COORDINATOR",
+        "COORDINATOR_LOAD_IN_PROGRESS",
+        "COORDINATOR_NOT_AVAILABLE",
+        "CONCURRENT_TRANSACTIONS",
+        "NOT_LEADER_OR_FOLLOWER",
+        "LEADER_NOT_AVAILABLE",
+    }
+)
+# Client-side conditions (no wire code) meaning "nobody answered in time".
+_CLIENT_UNAVAILABLE: tuple[type[Exception], ...] = (
+    kafka_errors.KafkaTimeoutError,
+    kafka_errors.KafkaConnectionError,
+    kafka_errors.NodeNotReadyError,
+    kafka_errors.UnknownBrokerIdError,
+    TimeoutError,
+    ConnectionError,
+)
+
+
+def error_name_for_code(code: int) -> str:
+    """The broker's wire name for an error code (``"UNKNOWN_SERVER_ERROR"`` style)."""
+    error_class = kafka_errors.for_code(code)
+    name = getattr(error_class, "message", None)
+    return name if isinstance(name, str) and name else f"UNKNOWN_ERROR_CODE_{code}"
+
+
+def translate_kafka_python_error(
+    exc_or_code: BaseException | type[BaseException] | int, context: str
+) -> Kafka2pcError:
+    """Return the kafka2pc exception for a kafka-python error or a wire error code.
+
+    ``context`` says what was being done (``"EndTxn(commit) for 'tx-1'"``) and
+    starts the message, so that a log line alone tells what failed.  The
+    result is returned, not raised, so the caller can chain it with
+    ``raise ... from exc``.
+    """
+    if isinstance(exc_or_code, Kafka2pcError):
+        return exc_or_code
+    if isinstance(exc_or_code, bool):  # bool is an int; never an error code
+        raise TypeError("error code must be an int, not bool")
+    if isinstance(exc_or_code, int):
+        error_class: type[BaseException] = kafka_errors.for_code(exc_or_code)
+        exc: BaseException | None = None
+    elif isinstance(exc_or_code, type):
+        error_class, exc = exc_or_code, None
+    else:
+        error_class, exc = type(exc_or_code), exc_or_code
+
+    code: int | None
+    name: str | None
+    if isinstance(exc_or_code, int):
+        code, name = exc_or_code, error_name_for_code(exc_or_code)
+    elif issubclass(error_class, kafka_errors.BrokerResponseError):
+        raw_code = getattr(error_class, "errno", None)
+        code = raw_code if isinstance(raw_code, int) else None
+        raw_name = getattr(error_class, "message", None)
+        name = raw_name if isinstance(raw_name, str) else None
+    else:
+        code, name = None, None
+
+    detail = str(exc) if exc is not None and str(exc) else (name or error_class.__name__)
+    message = f"{context}: {detail}"
+    kwargs = {"error_name": name, "error_code": code}
+
+    if issubclass(error_class, kafka_errors.IncompatibleBrokerVersion) or issubclass(
+        error_class, kafka_errors.UnrecognizedBrokerVersion
+    ):
+        return UnsupportedBrokerError(message, **kwargs)
+    if name in _AUTHORIZATION or issubclass(error_class, kafka_errors.AuthorizationError):
+        return AuthorizationError(message, **kwargs)
+    if name in _FENCED:
+        return ProducerFencedError(message, **kwargs)
+    if name in _UNSUPPORTED:
+        return UnsupportedBrokerError(message, **kwargs)
+    if name in _ABORTABLE:
+        return AbortableError(message, **kwargs)
+    if name in _UNAVAILABLE or issubclass(error_class, _CLIENT_UNAVAILABLE):
+        return BrokerUnavailableError(message, **kwargs)
+    if name in _RETRIABLE or getattr(error_class, "retriable", False):
+        return RetriableError(message, **kwargs)
+    if issubclass(error_class, kafka_errors.BrokerResponseError):
+        return FatalError(message, **kwargs)
+    return KafkaTransactionError(message, **kwargs)

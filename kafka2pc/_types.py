@@ -1,0 +1,89 @@
+"""Small immutable value types shared by the kafka2pc layers.
+
+They are plain frozen dataclasses, independent of both client libraries
+underneath (confluent-kafka and kafka-python), so that the core and the
+recipes never have to import either library's structs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "InitProducerIdResult",
+    "ProducerState",
+    "TopicPartition",
+    "TransactionDescription",
+    "TransactionListing",
+]
+
+
+@dataclass(frozen=True, order=True)
+class TopicPartition:
+    """One partition of one topic."""
+
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True)
+class TransactionDescription:
+    """What the transaction coordinator knows about one transactional id.
+
+    ``state`` is the coordinator's wire state: ``Empty``, ``Ongoing``,
+    ``PrepareCommit``, ``PrepareAbort``, ``CompleteCommit``, ``CompleteAbort``,
+    ``Dead`` or ``PrepareEpochFence``.  ``start_time_ms`` is ``-1`` when no
+    transaction has started.  ``partitions`` are the partitions the *current*
+    transaction has added (empty once it completed).
+    """
+
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    start_time_ms: int
+    partitions: tuple[TopicPartition, ...]
+    coordinator_id: int
+
+
+@dataclass(frozen=True)
+class ProducerState:
+    """One active producer on a partition, as reported by DescribeProducers.
+
+    ``current_txn_start_offset`` is the offset of the first record of the
+    producer's open transaction on that partition, ``-1`` when none is open.
+    Together with the producer id it names exactly one transaction even when
+    the producer id and epoch are reused by consecutive transactions (TV1).
+    """
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp_ms: int
+    coordinator_epoch: int
+    current_txn_start_offset: int
+
+
+@dataclass(frozen=True)
+class TransactionListing:
+    """One row of ListTransactions."""
+
+    transactional_id: str
+    producer_id: int
+    state: str
+
+
+@dataclass(frozen=True)
+class InitProducerIdResult:
+    """The answer to InitProducerId.
+
+    ``ongoing_txn_producer_id``/``ongoing_txn_epoch`` are the KIP-939 fields
+    naming a prepared transaction that was *kept* (``keepPreparedTxn=true``);
+    ``-1`` when none was kept or the request version has no such fields.
+    """
+
+    producer_id: int
+    producer_epoch: int
+    ongoing_txn_producer_id: int = -1
+    ongoing_txn_epoch: int = -1

@@ -1,0 +1,119 @@
+"""Topic creation and draining for tests, on confluent-kafka."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+Isolation = Literal["read_committed", "read_uncommitted"]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record read back by :func:`drain`."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+def create_topic(
+    bootstrap_servers: str,
+    name: str | None = None,
+    *,
+    partitions: int = 1,
+    replication_factor: int = 1,
+    config: dict[str, str] | None = None,
+) -> str:
+    """Create a topic (random name by default) and wait until it has leaders; return its name."""
+    name = name or f"t-{uuid.uuid4().hex[:12]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    futures = admin.create_topics(
+        [NewTopic(name, partitions, replication_factor, config=config or {})],
+        operation_timeout=30,
+    )
+    futures[name].result(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        md = admin.list_topics(name, timeout=10).topics.get(name)
+        if md is not None and md.error is None and len(md.partitions) == partitions and all(
+            p.leader >= 0 for p in md.partitions.values()
+        ):
+            return name
+        time.sleep(0.1)
+    raise TimeoutError(f"topic {name} has no leaders after 30s")
+
+
+def end_offsets(
+    bootstrap_servers: str, topic: str, isolation: Isolation = "read_uncommitted"
+) -> dict[int, int]:
+    """Per partition: the high watermark (``read_uncommitted``) or last stable offset (``read_committed``)."""
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka.admin import OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    md = admin.list_topics(topic, timeout=10).topics[topic]
+    level = (
+        IsolationLevel.READ_COMMITTED if isolation == "read_committed" else IsolationLevel.READ_UNCOMMITTED
+    )
+    futures = admin.list_offsets(
+        {TopicPartition(topic, p): OffsetSpec.latest() for p in md.partitions},
+        isolation_level=level,
+        request_timeout=15,
+    )
+    return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
+
+
+def drain(
+    bootstrap_servers: str,
+    topic: str,
+    isolation: Isolation = "read_committed",
+    *,
+    timeout: float = 30.0,
+) -> list[Record]:
+    """Read every visible record of ``topic`` from the beginning to its current end.
+
+    The end is the last stable offset for ``read_committed`` (so records of an
+    open transaction are not waited for) and the high watermark otherwise.
+    """
+    ends = end_offsets(bootstrap_servers, topic, isolation)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"k2pc-drain-{uuid.uuid4().hex[:8]}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    records: list[Record] = []
+    try:
+        pending = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in pending])  # 0 = from start
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"drain({topic}) did not reach {ends} in {timeout}s")
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if msg.offset() >= ends[msg.partition()]:
+                        pending.discard(msg.partition())
+                    continue
+                raise RuntimeError(f"drain({topic}): {err}")
+            records.append(Record(topic, msg.partition(), msg.offset(), msg.key(), msg.value()))
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                pending.discard(msg.partition())
+        return records
+    finally:
+        consumer.close()

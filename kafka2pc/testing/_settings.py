@@ -1,0 +1,44 @@
+"""Broker settings shared by the local broker and ``docker-compose.yml``.
+
+One source of truth: :mod:`kafka2pc.testing.broker` writes these into
+``server.properties`` and ``tests/testing/test_compose.py`` checks that
+``docker-compose.yml`` sets the same values.
+"""
+
+from __future__ import annotations
+
+DEFAULT_KAFKA_VERSION = "4.3.1"
+"""Newest Apache Kafka 4.x whose broker *and* dependencies are all on Maven Central.
+
+(4.4.0's ``kafka_2.13`` jar is published but its ``kafka-tools-api`` dependency
+is not, so Maven cannot resolve it.)
+"""
+
+#: Settings that matter to 2PC, identical for the local broker and docker-compose.
+TRANSACTION_SETTINGS: dict[str, str] = {
+    "transaction.two.phase.commit.enable": "true",
+    "transaction.max.timeout.ms": "3600000",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "offsets.topic.replication.factor": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "auto.create.topics.enable": "false",
+    "num.partitions": "1",
+}
+
+#: Settings only brokers of the 4.x line understand.
+SETTINGS_SINCE_4 = frozenset({"transaction.two.phase.commit.enable"})
+
+
+def broker_settings(version: str, brokers: int = 1) -> dict[str, str]:
+    """Return the 2PC-relevant settings for a broker of ``version`` in a cluster of ``brokers``."""
+    settings = dict(TRANSACTION_SETTINGS)
+    if int(version.split(".")[0]) < 4:
+        for name in SETTINGS_SINCE_4:
+            settings.pop(name, None)
+    if brokers > 1:
+        replication = str(min(3, brokers))
+        settings["transaction.state.log.replication.factor"] = replication
+        settings["offsets.topic.replication.factor"] = replication
+        settings["transaction.state.log.min.isr"] = "2"
+    return settings

@@ -1,0 +1,467 @@
+"""A real Apache Kafka broker (KRaft) on loopback, without Docker.
+
+Run it from a shell::
+
+    python -m kafka2pc.testing.broker up        # prints the bootstrap servers last
+    python -m kafka2pc.testing.broker status
+    python -m kafka2pc.testing.broker down
+
+``up`` fetches ``org.apache.kafka:kafka_2.13:<version>`` and its dependencies
+from Maven Central with Maven into a cache directory (``$KAFKA2PC_CACHE``,
+default ``~/.cache/kafka2pc``), formats KRaft storage, starts a combined
+broker+controller with ``transaction.two.phase.commit.enable=true`` and waits
+until it serves requests.  A broker already running under the same name is
+reused.  ``--brokers 3`` starts a three-node KRaft cluster (for coordinator
+fail-over tests).  The version defaults to :data:`DEFAULT_KAFKA_VERSION` and
+can be overridden with ``$KAFKA_VERSION`` or ``--version``.
+
+The same operations are available from Python as :class:`LocalKafka`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from kafka2pc.testing._settings import DEFAULT_KAFKA_VERSION, broker_settings
+
+__all__ = ["BrokerError", "LocalKafka", "cache_dir", "fetch_kafka"]
+
+logger = logging.getLogger(__name__)
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>kafka2pc</groupId><artifactId>kafka-classpath</artifactId><version>1</version>
+  <dependencies>
+{deps}
+  </dependencies>
+</project>
+"""
+_DEP = (
+    "    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+    "<version>{v}</version></dependency>"
+)
+
+_LOG4J2 = """Configuration:
+  Appenders:
+    File:
+      name: FILE
+      fileName: "{log}"
+      PatternLayout:
+        pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Logger:
+      - name: kafka.coordinator.transaction
+        level: DEBUG
+      - name: org.apache.kafka.coordinator.transaction
+        level: DEBUG
+    Root:
+      level: INFO
+      AppenderRef:
+        - ref: FILE
+"""
+
+_LOG4J1 = """log4j.rootLogger=INFO, FILE
+log4j.appender.FILE=org.apache.log4j.FileAppender
+log4j.appender.FILE.File={log}
+log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
+log4j.appender.FILE.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.coordinator.transaction=DEBUG
+"""
+
+
+class BrokerError(RuntimeError):
+    """The local broker could not be fetched, started or reached."""
+
+
+def cache_dir() -> Path:
+    """Directory for jars and broker state (``$KAFKA2PC_CACHE`` or ``~/.cache/kafka2pc``)."""
+    return Path(os.environ.get("KAFKA2PC_CACHE", Path.home() / ".cache" / "kafka2pc"))
+
+
+def _major(version: str) -> int:
+    return int(version.split(".")[0])
+
+
+def fetch_kafka(version: str) -> Path:
+    """Download Kafka ``version`` and its dependencies from Maven Central; return the libs dir.
+
+    Idempotent: a complete download (marked by a ``.complete`` file) is reused.
+    """
+    libs = cache_dir() / "maven" / version / "libs"
+    if (libs / ".complete").exists():
+        return libs
+    if shutil.which("mvn") is None:
+        raise BrokerError("Maven ('mvn') is needed to fetch Kafka jars: apt-get install maven")
+    deps = [
+        ("org.apache.kafka", "kafka_2.13", version),
+        ("org.apache.kafka", "kafka-tools", version),
+    ]
+    if _major(version) >= 4:
+        # 4.x logs through log4j2 but ships only the slf4j 1.x API: add its binding.
+        deps.append(("org.apache.logging.log4j", "log4j-slf4j-impl", "2.25.4"))
+    project = libs.parent
+    project.mkdir(parents=True, exist_ok=True)
+    (project / "pom.xml").write_text(
+        _POM.format(deps="\n".join(_DEP.format(g=g, a=a, v=v) for g, a, v in deps))
+    )
+    logger.info("fetching Kafka %s from Maven Central into %s", version, libs)
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["mvn", "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise BrokerError(
+            f"Maven could not fetch Kafka {version}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
+    (libs / ".complete").write_text(f"{time.monotonic() - started:.1f}s\n")
+    return libs
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child is not alive
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return state != "Z"
+    except OSError:
+        return True
+
+
+@dataclass
+class _Node:
+    node_id: int
+    port: int
+    controller_port: int
+    pid: int = 0
+
+
+@dataclass
+class LocalKafka:
+    """A local KRaft cluster of ``brokers`` combined broker/controller nodes on loopback.
+
+    Example::
+
+        kafka = LocalKafka.up()          # or LocalKafka(version="3.9.2", brokers=3).start()
+        print(kafka.bootstrap_servers)
+        kafka.stop()
+    """
+
+    version: str = field(default_factory=lambda: os.environ.get("KAFKA_VERSION", DEFAULT_KAFKA_VERSION))
+    brokers: int = 1
+    base_port: int = 0
+    name: str = ""
+    nodes: list[_Node] = field(default_factory=list)
+    cluster_id: str = ""
+    extra_settings: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.base_port:
+            self.base_port = 39092 if self.brokers == 1 else 39192
+            if _major(self.version) < 4:
+                self.base_port += 1000
+        if not self.name:
+            self.name = f"kafka-{self.version}-{self.brokers}n-{self.base_port}"
+        if not self.nodes:
+            self.nodes = [
+                _Node(i + 1, self.base_port + 2 * i, self.base_port + 2 * i + 1)
+                for i in range(self.brokers)
+            ]
+
+    # -- paths -------------------------------------------------------------
+    @property
+    def home(self) -> Path:
+        """Directory holding this cluster's data, configs and logs."""
+        return cache_dir() / "run" / self.name
+
+    def log_file(self, node_id: int = 1) -> Path:
+        """The broker log of node ``node_id``."""
+        return self.home / f"node{node_id}" / "server.log"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """``host:port,...`` of every node."""
+        return ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    # -- lifecycle ---------------------------------------------------------
+    @classmethod
+    def up(cls, **kwargs: object) -> LocalKafka:
+        """Start (or reuse) a cluster and return it once it serves requests."""
+        kafka = cls(**kwargs)  # type: ignore[arg-type]
+        existing = kafka._load()
+        if existing is not None and existing.running():
+            existing.wait_ready(timeout=60)
+            return existing
+        # A stopped cluster keeps its data and cluster id: restart it as it was.
+        return (existing or kafka).start()
+
+    def start(self, *, timeout: float = 120.0) -> LocalKafka:
+        """Fetch jars if needed, format storage on first use, start every node, wait until ready."""
+        libs = fetch_kafka(self.version)
+        for node in self.nodes:
+            if _port_open(node.port) or _port_open(node.controller_port):
+                raise BrokerError(
+                    f"port {node.port} or {node.controller_port} is taken by another process; "
+                    "choose --port"
+                )
+        fresh = not self.cluster_id
+        if fresh:
+            self.cluster_id = self._random_uuid(libs)
+            if self.home.exists():
+                shutil.rmtree(self.home)
+        for node in self.nodes:
+            self._write_config(node)
+            if fresh:
+                self._format(libs, node)
+        for node in self.nodes:
+            self.start_node(node.node_id, wait=False)
+        self.wait_ready(timeout=timeout)
+        return self
+
+    def start_node(self, node_id: int, *, wait: bool = True) -> None:
+        """(Re)start one node of an already formatted cluster."""
+        node = self._node(node_id)
+        if node.pid and _pid_alive(node.pid):
+            return
+        libs = fetch_kafka(self.version)
+        ndir = self.home / f"node{node.node_id}"
+        log_opt = (
+            f"-Dlog4j2.configurationFile={ndir / 'log4j2.yaml'}"
+            if _major(self.version) >= 4
+            else f"-Dlog4j.configuration=file:{ndir / 'log4j.properties'}"
+        )
+        cmd = [
+            _java(),
+            "-Xms256m",
+            "-Xmx768m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            log_opt,
+            "-cp",
+            f"{libs}/*",
+            "kafka.Kafka",
+            str(ndir / "server.properties"),
+        ]
+        with open(ndir / "stdout.log", "ab") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        node.pid = proc.pid
+        self._save()
+        logger.info("started Kafka %s node %d (pid %d)", self.version, node_id, proc.pid)
+        if wait:
+            self.wait_ready(timeout=120)
+
+    def stop_node(self, node_id: int, *, kill: bool = False, timeout: float = 60.0) -> None:
+        """Stop one node: SIGTERM (clean shutdown) or, with ``kill=True``, SIGKILL."""
+        node = self._node(node_id)
+        if node.pid and _pid_alive(node.pid):
+            os.kill(node.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while _pid_alive(node.pid) and time.monotonic() < deadline:
+                _reap(node.pid)
+                time.sleep(0.1)
+            if _pid_alive(node.pid):
+                os.kill(node.pid, signal.SIGKILL)
+                time.sleep(0.5)
+                _reap(node.pid)
+        node.pid = 0
+        self._save()
+
+    def stop(self) -> None:
+        """Stop every node cleanly (data is kept; ``up`` reuses it)."""
+        for node in reversed(self.nodes):
+            self.stop_node(node.node_id)
+
+    def wipe(self) -> None:
+        """Stop every node and delete the cluster's data."""
+        self.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def running(self) -> bool:
+        """True when every node's process is alive."""
+        return all(n.pid and _pid_alive(n.pid) for n in self.nodes)
+
+    def wait_ready(self, *, timeout: float = 120.0) -> None:
+        """Block until every node answers metadata requests and reports all brokers."""
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + timeout
+        last_error: object = None
+        while time.monotonic() < deadline:
+            dead = [n.node_id for n in self.nodes if not (n.pid and _pid_alive(n.pid))]
+            if dead:
+                raise BrokerError(
+                    f"Kafka node(s) {dead} exited during start-up; see {self.log_file(dead[0])} "
+                    f"and {self.home / f'node{dead[0]}' / 'stdout.log'}"
+                )
+            if all(_port_open(n.port) for n in self.nodes):
+                try:
+                    admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+                    md = admin.list_topics(timeout=5)
+                    if len(md.brokers) == len(self.nodes) and md.controller_id >= 0:
+                        return
+                    last_error = f"{len(md.brokers)} of {len(self.nodes)} brokers registered"
+                except Exception as exc:  # noqa: BLE001 - keep polling until the deadline
+                    last_error = exc
+            time.sleep(0.3)
+        raise BrokerError(
+            f"Kafka at {self.bootstrap_servers} not ready after {timeout:.0f}s ({last_error}); "
+            f"see {self.log_file()}"
+        )
+
+    def status(self) -> dict[str, object]:
+        """A JSON-able summary: version, bootstrap servers, per-node pid and liveness."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "bootstrap_servers": self.bootstrap_servers,
+            "nodes": [
+                {"node_id": n.node_id, "port": n.port, "pid": n.pid,
+                 "alive": bool(n.pid and _pid_alive(n.pid)), "log": str(self.log_file(n.node_id))}
+                for n in self.nodes
+            ],
+        }
+
+    # -- internals ---------------------------------------------------------
+    def _node(self, node_id: int) -> _Node:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise BrokerError(f"no node {node_id} in {self.name}")
+
+    def _state_file(self) -> Path:
+        return self.home / "cluster.json"
+
+    def _save(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self._state_file().write_text(json.dumps(asdict(self), indent=2))
+
+    def _load(self) -> LocalKafka | None:
+        try:
+            data = json.loads(self._state_file().read_text())
+        except (OSError, ValueError):
+            return None
+        data["nodes"] = [_Node(**n) for n in data["nodes"]]
+        return LocalKafka(**data)
+
+    def _random_uuid(self, libs: Path) -> str:
+        del libs  # KRaft cluster ids are base64url-encoded UUIDs; no JVM needed
+        import base64
+
+        return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+    def _write_config(self, node: _Node) -> None:
+        ndir = self.home / f"node{node.node_id}"
+        ndir.mkdir(parents=True, exist_ok=True)
+        voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(ndir / "data"),
+            "log.flush.interval.messages": "9223372036854775807",
+            **broker_settings(self.version, len(self.nodes)),
+            **self.extra_settings,
+        }
+        (ndir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        log = ndir / "server.log"
+        (ndir / "log4j2.yaml").write_text(_LOG4J2.format(log=log))
+        (ndir / "log4j.properties").write_text(_LOG4J1.format(log=log))
+
+    def _format(self, libs: Path, node: _Node) -> None:
+        ndir = self.home / f"node{node.node_id}"
+        proc = subprocess.run(
+            [_java(), "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format",
+             "-t", self.cluster_id, "-c", str(ndir / "server.properties"), "--ignore-formatted"],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise BrokerError(f"formatting KRaft storage failed:\n{proc.stdout}{proc.stderr}")
+        self._save()
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and Path(home, "bin", "java").exists():
+        return str(Path(home, "bin", "java"))
+    java = shutil.which("java")
+    if java is None:
+        raise BrokerError("Java 17+ is needed to run Kafka: apt-get install openjdk-17-jre-headless")
+    return java
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m kafka2pc.testing.broker``."""
+    parser = argparse.ArgumentParser(prog="python -m kafka2pc.testing.broker", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status", "wipe"])
+    parser.add_argument("--version", default=os.environ.get("KAFKA_VERSION", DEFAULT_KAFKA_VERSION))
+    parser.add_argument("--brokers", type=int, default=1, help="number of KRaft nodes (1 or 3)")
+    parser.add_argument("--port", type=int, default=0, help="first listener port")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    kafka = LocalKafka(version=args.version, brokers=args.brokers, base_port=args.port)
+    loaded = kafka._load() or kafka
+    try:
+        if args.command == "up":
+            started = time.monotonic()
+            kafka = LocalKafka.up(version=args.version, brokers=args.brokers, base_port=args.port)
+            print(f"Kafka {kafka.version} ready in {time.monotonic() - started:.1f}s; "
+                  f"logs: {kafka.log_file()}", file=sys.stderr)
+            print(kafka.bootstrap_servers)
+        elif args.command == "down":
+            loaded.stop()
+            print(f"stopped {loaded.name}")
+        elif args.command == "wipe":
+            loaded.wipe()
+            print(f"wiped {loaded.name}")
+        else:
+            print(json.dumps(loaded.status(), indent=2))
+            return 0 if loaded.running() else 3
+    except BrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

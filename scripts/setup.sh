@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install everything kafka2pc needs on a fresh Debian machine, idempotently:
+# Java 17 and Maven (to fetch and run Apache Kafka), then a virtualenv in .venv
+# with kafka2pc installed editable plus the extras named in $KAFKA2PC_EXTRAS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+need=()
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need+=(maven)
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "setup: installing ${need[*]} (apt)" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+extras=${KAFKA2PC_EXTRAS:-}
+stamp=".venv/.kafka2pc-installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${extras//,/_}"
+if [ ! -f "$stamp" ]; then
+  echo "setup: pip install -e .${extras:+[$extras]}" >&2
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
+  touch "$stamp"
+fi
