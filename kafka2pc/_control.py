@@ -496,6 +496,14 @@ class ControlPlane:
 
         return self._run(context, lambda: self._with_coordinator(transactional_id, context, attempt))
 
+    def topic_names(self) -> list[str]:
+        """Names of every topic in the cluster (used to resolve digest-stored anchor topics)."""
+        admin = self._client()
+        try:
+            return sorted(admin.list_topics())
+        except kafka_errors.KafkaError as exc:
+            raise translate_kafka_python_error(exc, "listing topics") from exc
+
     def describe_producers(self, tp: TopicPartition) -> list[ProducerState]:
         """Active producers on ``tp``, asked of the partition leader.
 
@@ -845,10 +853,24 @@ class ControlPlane:
     def _offsets(self, tp: TopicPartition, context: str) -> tuple[int, int]:
         """``(log_start_offset, last_stable_offset)`` of ``tp``."""
 
-        async def list_offset(leader: int, timestamp: int) -> int:
+        log_start, lso, _ = self._offset_triple(tp, context, high_watermark=False)
+        return log_start, lso
+
+    def partition_offsets(self, tp: TopicPartition) -> tuple[int, int, int]:
+        """``(log_start_offset, last_stable_offset, high_watermark)`` of ``tp``.
+
+        ``high_watermark - last_stable_offset`` is how many records an open
+        transaction holds back from ``read_committed`` consumers.
+        """
+        return self._offset_triple(tp, f"offsets of {tp.topic}-{tp.partition}", high_watermark=True)
+
+    def _offset_triple(
+        self, tp: TopicPartition, context: str, *, high_watermark: bool
+    ) -> tuple[int, int, int]:
+        async def list_offset(leader: int, timestamp: int, isolation: int = _ISOLATION_READ_COMMITTED) -> int:
             request = ListOffsetsRequest(
                 replica_id=-1,
-                isolation_level=_ISOLATION_READ_COMMITTED,
+                isolation_level=isolation,
                 topics=[
                     ListOffsetsRequest.ListOffsetsTopic(
                         name=tp.topic,
@@ -875,10 +897,11 @@ class ControlPlane:
                 kafka_errors.KafkaProtocolError("no entry for the partition in the answer"), context
             )
 
-        async def attempt(leader: int) -> tuple[int, int]:
+        async def attempt(leader: int) -> tuple[int, int, int]:
             return (
                 await list_offset(leader, _EARLIEST_TIMESTAMP),
                 await list_offset(leader, _LATEST_TIMESTAMP),
+                await list_offset(leader, _LATEST_TIMESTAMP, 0) if high_watermark else -1,
             )
 
         return self._run(context, lambda: self._with_leader(tp, context, attempt))

@@ -50,7 +50,7 @@ from kafka2pc._exceptions import (
     UnsupportedBrokerError,
 )
 
-__all__ = ["error_name_for_code", "translate_kafka_python_error"]
+__all__ = ["error_name_for_code", "translate_confluent_error", "translate_kafka_python_error"]
 
 _AUTHORIZATION = frozenset(
     {
@@ -136,25 +136,71 @@ def translate_kafka_python_error(
         code, name = None, None
 
     detail = str(exc) if exc is not None and str(exc) else (name or error_class.__name__)
-    message = f"{context}: {detail}"
-    kwargs = {"error_name": name, "error_code": code}
+    target = _target_class(error_class, name)
+    return target(f"{context}: {detail}", error_name=name, error_code=code)
 
+
+def _target_class(
+    error_class: type[BaseException], name: str | None
+) -> type[KafkaTransactionError]:
+    """The kafka2pc class for a kafka-python error class / wire name."""
     if issubclass(error_class, kafka_errors.IncompatibleBrokerVersion) or issubclass(
         error_class, kafka_errors.UnrecognizedBrokerVersion
     ):
-        return UnsupportedBrokerError(message, **kwargs)
+        return UnsupportedBrokerError
     if name in _AUTHORIZATION or issubclass(error_class, kafka_errors.AuthorizationError):
-        return AuthorizationError(message, **kwargs)
+        return AuthorizationError
     if name in _FENCED:
-        return ProducerFencedError(message, **kwargs)
+        return ProducerFencedError
     if name in _UNSUPPORTED:
-        return UnsupportedBrokerError(message, **kwargs)
+        return UnsupportedBrokerError
     if name in _ABORTABLE:
-        return AbortableError(message, **kwargs)
+        return AbortableError
     if name in _UNAVAILABLE or issubclass(error_class, _CLIENT_UNAVAILABLE):
-        return BrokerUnavailableError(message, **kwargs)
+        return BrokerUnavailableError
     if name in _RETRIABLE or getattr(error_class, "retriable", False):
-        return RetriableError(message, **kwargs)
+        return RetriableError
     if issubclass(error_class, kafka_errors.BrokerResponseError):
-        return FatalError(message, **kwargs)
-    return KafkaTransactionError(message, **kwargs)
+        return FatalError
+    return KafkaTransactionError
+
+
+# -- confluent-kafka (librdkafka) ------------------------------------------------
+
+_CONFLUENT_UNAVAILABLE = frozenset(
+    {"_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_MSG_TIMED_OUT", "_RESOLVE", "REQUEST_TIMED_OUT"}
+)
+
+
+def translate_confluent_error(exc: BaseException, context: str) -> Kafka2pcError:
+    """Translate a confluent-kafka ``KafkaException`` (or ``KafkaError``) into a kafka2pc error.
+
+    librdkafka classifies its errors itself (``fatal()``, ``txn_requires_abort()``,
+    ``retriable()``); that classification wins, refined by the wire name for
+    fencing and authorization.  Returned, not raised: ``raise ... from exc``.
+    """
+    from confluent_kafka import KafkaError
+
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else exc
+    if not isinstance(err, KafkaError):
+        return KafkaTransactionError(f"{context}: {exc}")
+    name = err.name()
+    detail = f"{context}: {err.str()} ({name})"
+    target: type[KafkaTransactionError]
+    if name in _AUTHORIZATION:
+        target = AuthorizationError
+    elif name in _FENCED or name == "_FENCED":
+        target = ProducerFencedError
+    elif name in _UNSUPPORTED or name == "_UNSUPPORTED_FEATURE":
+        target = UnsupportedBrokerError
+    elif err.fatal():
+        target = FatalError
+    elif err.txn_requires_abort():
+        target = AbortableError
+    elif name in _CONFLUENT_UNAVAILABLE:
+        target = BrokerUnavailableError
+    elif err.retriable():
+        target = RetriableError
+    else:
+        target = KafkaTransactionError
+    return target(detail, error_name=name, error_code=err.code())

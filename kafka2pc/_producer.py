@@ -1,0 +1,436 @@
+"""``TwoPhaseCommitProducer``: KIP-939's participant API over a confluent-kafka producer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from kafka2pc._control import ControlPlane
+from kafka2pc._errors import translate_confluent_error
+from kafka2pc._exceptions import (
+    AbortableError,
+    FatalError,
+    IllegalStateError,
+    IndefiniteOutcomeError,
+    Kafka2pcError,
+    RetriableError,
+    UnsupportedBrokerError,
+    UsageError,
+)
+from kafka2pc._machine import StateMachine, TxnState
+from kafka2pc._recovery import Settlement, TransactionOutcome, settle
+from kafka2pc._state import PreparedTxnState
+from kafka2pc._types import TopicPartition
+
+__all__ = ["TwoPhaseCommitProducer"]
+
+logger = logging.getLogger(__name__)
+
+TWO_PC_CONFIG = "transaction.two.phase.commit.enable"
+_REQUIRED_APIS = ("InitProducerId", "EndTxn", "DescribeTransactions", "DescribeProducers", "ListOffsets")
+_timeout_warning_logged = False
+
+
+def _as_bool(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise UsageError(f"{name} must be true or false, not {value!r}")
+
+
+class TwoPhaseCommitProducer:
+    """A transactional Kafka producer that can take part in a two-phase commit.
+
+    It wraps a ``confluent_kafka.Producer`` (same configuration dict, same
+    ``produce`` signature) and adds KIP-939's participant API: ``prepare_transaction``
+    returns a :class:`PreparedTxnState` to store in your database *in the same
+    database transaction* as your data; ``complete_transaction(state)`` commits
+    if ``state`` names the prepared transaction and aborts otherwise;
+    ``init_transactions(keep_prepared_txn=True)`` lets a restarted process settle
+    the prepared transaction of the one that crashed instead of aborting it.
+
+    Example (normal path, then recovery in a new process)::
+
+        p = TwoPhaseCommitProducer({"bootstrap.servers": "localhost:9092",
+                                    "transactional.id": "orders-1"})
+        p.init_transactions()
+        p.begin_transaction()
+        p.produce("orders", key=b"42", value=b"created")
+        state = p.prepare_transaction()
+        db.store(str(state)); db.commit()          # the decision point
+        p.commit_transaction()
+
+        # after a crash, in a new process:
+        p = TwoPhaseCommitProducer(same_config)
+        p.init_transactions(keep_prepared_txn=True)
+        p.complete_transaction(PreparedTxnState(db.load()))
+
+    Not thread-safe for concurrent transaction control; ``produce`` may be
+    called from the thread that runs the transaction.
+    """
+
+    def __init__(self, config: Mapping[str, Any], *, control_plane: ControlPlane | None = None) -> None:
+        conf = dict(config)
+        tid = conf.get("transactional.id")
+        if not isinstance(tid, str) or not tid:
+            raise UsageError("config must set 'transactional.id' to a non-empty string")
+        self._transactional_id = tid
+        self._two_pc_requested = _as_bool(conf.pop(TWO_PC_CONFIG, False), TWO_PC_CONFIG)
+        if self._two_pc_requested and "transaction.timeout.ms" in conf:
+            raise UsageError(
+                f"{TWO_PC_CONFIG}=true and transaction.timeout.ms cannot be set together (KIP-939)"
+            )
+        self._config = conf
+        self._ctrl = control_plane or ControlPlane(conf)
+        self._owns_ctrl = control_plane is None
+        self._machine = StateMachine()
+        self._producer: Producer | None = None
+        self._producer_id = -1
+        self._epoch = -1
+        self._ids_stale = True
+        self._lock = threading.Lock()
+        self._anchor: tuple[str, int, int] | None = None
+        self._delivery_error: KafkaError | None = None
+        self._prepared: PreparedTxnState | None = None
+        self._last_settlement: Settlement | None = None
+
+    # -- introspection --------------------------------------------------------
+    @property
+    def transactional_id(self) -> str:
+        """The ``transactional.id`` this producer owns."""
+        return self._transactional_id
+
+    @property
+    def state(self) -> TxnState:
+        """The producer's transaction state (see :class:`TxnState`)."""
+        return self._machine.state
+
+    @property
+    def prepared_state(self) -> PreparedTxnState | None:
+        """The state returned by the last ``prepare_transaction`` while it is prepared or in doubt."""
+        return self._prepared
+
+    @property
+    def last_settlement(self) -> Settlement | None:
+        """What the last recovery-path completion decided and observed."""
+        return self._last_settlement
+
+    @property
+    def control_plane(self) -> ControlPlane:
+        """The coordinator client this producer uses for recovery."""
+        return self._ctrl
+
+    # -- life cycle -------------------------------------------------------------
+    def init_transactions(self, timeout: float | None = None, *, keep_prepared_txn: bool = False) -> None:
+        """Register the transactional id with its coordinator.
+
+        ``keep_prepared_txn=False`` (the default) aborts any transaction a
+        previous instance left open and fences it.  ``keep_prepared_txn=True``
+        leaves that transaction alone: the producer then only accepts
+        ``commit_transaction``, ``abort_transaction`` or
+        ``complete_transaction(state)``, which settle it through the
+        coordinator and then fence the previous instance.
+        """
+        self._machine.check("init_transactions")
+        self._check_broker()
+        if keep_prepared_txn:
+            self._machine.transition_to(TxnState.RECOVERING)
+            return
+        self._start_producer(timeout)
+        self._machine.transition_to(TxnState.READY)
+
+    def begin_transaction(self) -> None:
+        """Start a transaction (no broker round trip)."""
+        self._machine.check("begin_transaction")
+        self._anchor = None
+        self._delivery_error = None
+        self._prepared = None
+        self._call(lambda p: p.begin_transaction(), "begin_transaction")
+        self._machine.transition_to(TxnState.IN_TRANSACTION)
+
+    def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
+        """Send a record within the transaction: same arguments as ``confluent_kafka.Producer.produce``.
+
+        Raises :class:`QueueFullError` (also a ``BufferError``) when the local queue is full.
+        """
+        self._machine.check("produce")
+        user_cb: Callable[..., Any] | None
+        if len(args) >= 4:
+            args = list(args)  # type: ignore[assignment]
+            user_cb = args[3]
+            args[3] = self._delivery_callback(user_cb)  # type: ignore[index]
+        else:
+            user_cb = kwargs.pop("on_delivery", None) or kwargs.pop("callback", None)
+            kwargs["on_delivery"] = self._delivery_callback(user_cb)
+        producer = self._require_producer()
+        try:
+            producer.produce(topic, *args, **kwargs)
+        except BufferError as exc:
+            raise QueueFullError(str(exc)) from exc
+        except KafkaException as exc:
+            raise self._failed("produce", exc) from exc
+
+    def poll(self, timeout: float = 0) -> int:
+        """Serve delivery reports (as ``confluent_kafka.Producer.poll``)."""
+        return self._require_producer().poll(timeout)
+
+    def flush(self, timeout: float = -1) -> int:
+        """Wait for outstanding records (as ``confluent_kafka.Producer.flush``)."""
+        return self._require_producer().flush(timeout)
+
+    def __len__(self) -> int:
+        return len(self._producer) if self._producer is not None else 0
+
+    def send_offsets_to_transaction(
+        self, offsets: list[Any], group_metadata: Any, timeout: float | None = None
+    ) -> None:
+        """Add consumer offsets to the transaction (exactly-once consume-transform-produce)."""
+        self._machine.check("send_offsets_to_transaction")
+        args = (offsets, group_metadata) if timeout is None else (offsets, group_metadata, timeout)
+        self._call(lambda p: p.send_offsets_to_transaction(*args), "send_offsets_to_transaction")
+
+    def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
+        """Flush every record of the transaction and return its :class:`PreparedTxnState`.
+
+        After this only ``commit_transaction``, ``abort_transaction`` and
+        ``complete_transaction`` are allowed.  A record that failed delivery
+        raises :class:`AbortableError` (abort and retry the transaction); a
+        flush that did not finish in ``timeout`` seconds raises
+        :class:`RetriableError` and leaves the transaction open (call again).
+        """
+        self._machine.check("prepare_transaction")
+        producer = self._require_producer()
+        remaining = producer.flush(-1 if timeout is None else timeout)
+        if self._delivery_error is not None:
+            err = AbortableError(
+                f"a record of the transaction failed delivery: {self._delivery_error.str()}",
+                error_name=self._delivery_error.name(), error_code=self._delivery_error.code(),
+            )
+            self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=err)
+            raise err
+        if remaining:
+            raise RetriableError(f"prepare_transaction: {remaining} records still in flight after {timeout}s")
+        if self._ids_stale:
+            self._refresh_ids()
+        anchor = self._anchor
+        state = PreparedTxnState._build(
+            self._producer_id, self._epoch, self._transactional_id,
+            None if anchor is None else TopicPartition(anchor[0], anchor[1]),
+            -1 if anchor is None else anchor[2],
+        )
+        self._prepared = state
+        self._machine.transition_to(TxnState.PREPARED)
+        logger.debug("%s: prepared %s", self._transactional_id, state)
+        return state
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Commit the current (prepared or not) transaction.
+
+        After ``init_transactions(keep_prepared_txn=True)`` this commits
+        whatever transaction the previous instance left open.  A timeout
+        raises :class:`IndefiniteOutcomeError`: retry the call, or settle with
+        ``complete_transaction(state)``; no new transaction starts before that.
+        """
+        source = self._machine.check("commit_transaction")
+        if source is TxnState.RECOVERING or (source is TxnState.IN_DOUBT and self._producer is None):
+            self._settle_open(commit=True, timeout=timeout)
+            return
+        self._end_local(commit=True, timeout=timeout)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the current transaction (or, when recovering, the one left open)."""
+        source = self._machine.check("abort_transaction")
+        if source is TxnState.RECOVERING or (source is TxnState.IN_DOUBT and self._producer is None):
+            self._settle_open(commit=False, timeout=timeout)
+            return
+        self._end_local(commit=False, timeout=timeout)
+
+    def complete_transaction(self, state: PreparedTxnState, timeout: float | None = None) -> None:
+        """Commit if ``state`` names the prepared transaction, else abort it (KIP-939).
+
+        Works after ``prepare_transaction`` in this process, after
+        ``init_transactions(keep_prepared_txn=True)`` in a new one, and after an
+        indefinite (timed-out) commit or abort.  Retry-safe: completing an
+        already committed transaction with its own state succeeds.  If Kafka
+        aborted the transaction ``state`` names (transaction timeout, operator),
+        raises :class:`HeuristicOutcomeError` — never reports success.
+        Afterwards the producer has a fresh epoch (older instances are fenced)
+        and accepts new transactions.
+        """
+        if not isinstance(state, PreparedTxnState):
+            raise UsageError(f"complete_transaction() takes a PreparedTxnState, not {type(state).__name__}")
+        source = self._machine.check("complete_transaction")
+        state.check_transactional_id(self._transactional_id)
+        if source is TxnState.PREPARED:
+            if state == self._prepared:
+                self._end_local(commit=True, timeout=timeout)
+            else:
+                logger.info("%s: state %s is not the prepared %s: aborting", self._transactional_id,
+                            state, self._prepared)
+                self._end_local(commit=False, timeout=timeout)
+            return
+        try:
+            self._last_settlement = settle(self._ctrl, self._transactional_id, state)
+        except IndefiniteOutcomeError:
+            if source is not TxnState.IN_DOUBT:
+                self._machine.transition_to(TxnState.IN_DOUBT, operation="complete_transaction")
+            raise
+        except Kafka2pcError:
+            self._reinitialize(timeout)  # a heuristic outcome is settled: fence and move on
+            raise
+        self._reinitialize(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Flush nothing, release the producer and the control plane connections."""
+        if self._producer is not None:
+            self._producer.flush(0)
+            self._producer = None
+        if self._owns_ctrl:
+            self._ctrl.close()
+        if self._machine.state is not TxnState.CLOSED:
+            self._machine.transition_to(TxnState.CLOSED)
+
+    def __enter__(self) -> TwoPhaseCommitProducer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------
+    def _check_broker(self) -> None:
+        versions = self._ctrl.api_versions()
+        missing = [api for api in _REQUIRED_APIS if api not in versions]
+        if missing:
+            raise UnsupportedBrokerError(
+                f"the broker does not support {', '.join(missing)}, which kafka2pc needs (Kafka >= 3.0)"
+            )
+        if self._two_pc_requested:
+            enabled = self._ctrl.broker_config([TWO_PC_CONFIG]).get(TWO_PC_CONFIG)
+            if versions["InitProducerId"][1] < 6 or enabled != "true":
+                raise UnsupportedBrokerError(
+                    f"{TWO_PC_CONFIG}=true was asked, but the broker does not run 2PC "
+                    f"(InitProducerId v{versions['InitProducerId'][1]}, {TWO_PC_CONFIG}={enabled}); "
+                    "drop the setting to use timeout-bounded prepared transactions"
+                )
+
+    def _producer_config(self) -> dict[str, Any]:
+        global _timeout_warning_logged
+        conf = dict(self._config)
+        if "transaction.timeout.ms" not in conf:
+            limit = self._ctrl.broker_config(["transaction.max.timeout.ms"]).get("transaction.max.timeout.ms")
+            if limit:
+                conf["transaction.timeout.ms"] = int(limit)
+            if not _timeout_warning_logged:
+                _timeout_warning_logged = True
+                logger.warning(
+                    "librdkafka cannot open 2PC transactions (no Enable2Pc): prepared transactions are "
+                    "aborted by the broker after transaction.timeout.ms=%s ms (the broker's "
+                    "transaction.max.timeout.ms); recovery reports such aborts as heuristic outcomes",
+                    limit,
+                )
+        return conf
+
+    def _start_producer(self, timeout: float | None) -> None:
+        producer = Producer(self._producer_config())
+        try:
+            producer.init_transactions(*(() if timeout is None else (timeout,)))
+        except KafkaException as exc:
+            raise translate_confluent_error(exc, f"init_transactions({self._transactional_id!r})") from exc
+        self._producer = producer
+        self._refresh_ids()
+
+    def _refresh_ids(self) -> None:
+        desc = self._ctrl.describe_transaction(self._transactional_id)
+        if desc is None:
+            raise FatalError(f"the coordinator does not know {self._transactional_id!r} after init")
+        self._producer_id, self._epoch = desc.producer_id, desc.producer_epoch
+        self._ids_stale = False
+
+    def _reinitialize(self, timeout: float | None) -> None:
+        """Replace the librdkafka producer: a new InitProducerId bumps the epoch and fences older ones."""
+        old, self._producer = self._producer, None
+        if old is not None:
+            old.purge()
+            del old
+        self._start_producer(timeout)
+        self._prepared = None
+        self._machine.transition_to(TxnState.READY)
+
+    def _settle_open(self, *, commit: bool, timeout: float | None) -> None:
+        desc = self._ctrl.describe_transaction(self._transactional_id)
+        if desc is not None and desc.state == "Ongoing":
+            self._ctrl.end_txn(self._transactional_id, desc.producer_id, desc.producer_epoch, commit=commit)
+            logger.info("%s: %s the transaction left open by producer %d/%d", self._transactional_id,
+                        "committed" if commit else "aborted", desc.producer_id, desc.producer_epoch)
+        self._reinitialize(timeout)
+
+    def _end_local(self, *, commit: bool, timeout: float | None) -> None:
+        op = "commit_transaction" if commit else "abort_transaction"
+        producer = self._require_producer()
+        args = () if timeout is None else (timeout,)
+        try:
+            producer.commit_transaction(*args) if commit else producer.abort_transaction(*args)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is not None and err.retriable() and not err.fatal() and not err.txn_requires_abort():
+                indefinite = IndefiniteOutcomeError(
+                    f"{op}() of {self._prepared or 'the transaction'} timed out: outcome unknown; retry it "
+                    "or call complete_transaction(state)",
+                    state=self._prepared, error_name=err.name(), error_code=err.code(),
+                )
+                self._machine.transition_to(TxnState.IN_DOUBT, cause=indefinite, operation=op)
+                raise indefinite from exc
+            raise self._failed(op, exc) from exc
+        if not commit:
+            self._ids_stale = True  # librdkafka may bump the epoch while aborting
+        self._prepared = None
+        self._machine.transition_to(TxnState.READY)
+
+    def _failed(self, op: str, exc: KafkaException) -> Kafka2pcError:
+        error = translate_confluent_error(exc, f"{op}({self._transactional_id!r})")
+        if isinstance(error, FatalError):
+            self._machine.transition_to(TxnState.FATAL_ERROR, cause=error)
+        elif isinstance(error, AbortableError) and self.state in (TxnState.IN_TRANSACTION, TxnState.PREPARED):
+            self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=error)
+        return error
+
+    def _call(self, fn: Callable[[Producer], Any], op: str) -> Any:
+        try:
+            return fn(self._require_producer())
+        except KafkaException as exc:
+            raise self._failed(op, exc) from exc
+
+    def _require_producer(self) -> Producer:
+        if self._producer is None:
+            raise IllegalStateError(f"no producer in state {self.state.value}: call init_transactions() first")
+        return self._producer
+
+    def _delivery_callback(self, user_cb: Callable[..., Any] | None) -> Callable[[KafkaError | None, Message], None]:
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                if self._delivery_error is None:
+                    self._delivery_error = err
+            elif self._anchor is None:
+                # Delivery reports of one partition arrive in offset order: the first
+                # one on any partition is the transaction's first record there.
+                self._anchor = (msg.topic(), msg.partition(), msg.offset())
+            if user_cb is not None:
+                user_cb(err, msg)
+
+        return on_delivery
+
+
+class QueueFullError(RetriableError, BufferError):
+    """The producer's local queue is full: call ``poll()`` and retry (also a ``BufferError``)."""
+
+
+# Re-exported for typing convenience.
+_ = TransactionOutcome
