@@ -178,7 +178,8 @@ def _connection_only(confluent_config: Mapping[str, Any]) -> dict[str, Any]:
 _COORDINATOR_MOVED = frozenset({"NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE"})
 _COORDINATOR_BUSY = frozenset({"COORDINATOR_LOAD_IN_PROGRESS", "CONCURRENT_TRANSACTIONS"})
 _LEADER_MOVED = frozenset(
-    {"NOT_LEADER_OR_FOLLOWER", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PARTITION"}
+    # kafka-python names code 6 NOT_LEADER_FOR_PARTITION (its pre-2.7 wire name).
+    {"NOT_LEADER_OR_FOLLOWER", "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PARTITION"}
 )
 # Highest EndTxn version with transaction-version-1 semantics.  v5 (KIP-890
 # part 2) makes the coordinator bump the epoch when the transaction completes,
@@ -195,6 +196,14 @@ _OPPOSITE_OUTCOME_STATES = {
     True: ("PrepareAbort", "CompleteAbort", "aborted"),
     False: ("PrepareCommit", "CompleteCommit", "committed"),
 }
+
+
+_CONNECTION_ERRORS: tuple[type[Exception], ...] = (
+    kafka_errors.KafkaConnectionError,
+    kafka_errors.NodeNotReadyError,
+    kafka_errors.RequestTimedOutError,
+    kafka_errors.KafkaTimeoutError,
+)
 
 
 class _Retry(Exception):
@@ -233,7 +242,7 @@ class ControlPlane:
         config: Mapping[str, Any],
         *,
         request_timeout_s: float = 30.0,
-        max_retries: int = 10,
+        max_retries: int = 20,
     ) -> None:
         if request_timeout_s <= 0:
             raise UsageError("request_timeout_s must be positive")
@@ -338,9 +347,17 @@ class ControlPlane:
         refresh = False
         last_code = 0
         for attempt in range(self._max_retries + 1):
-            coordinator = await self._coordinator(transactional_id, refresh=refresh)
             try:
+                coordinator = await self._coordinator(transactional_id, refresh=refresh)
                 return await attempt_fn(coordinator)
+            except _CONNECTION_ERRORS as exc:
+                # Only reads get here: end_txn turns an in-flight failure into
+                # IndefiniteOutcomeError itself.  The coordinator may have died:
+                # find it again.
+                log.info("%s: %s (attempt %d of %d), retrying", context, exc, attempt + 1,
+                         self._max_retries + 1)
+                last_code, refresh = 15, True  # COORDINATOR_NOT_AVAILABLE
+                await self._sleep_backoff(attempt)
             except _Retry as retry:
                 last_code, refresh = retry.code, retry.refresh_coordinator
                 log.info(
@@ -394,6 +411,10 @@ class ControlPlane:
             try:
                 leader = await self._leader(tp)
                 return await attempt_fn(leader)
+            except _CONNECTION_ERRORS as exc:  # the leader may have died: ask metadata again
+                last_code = 6  # NOT_LEADER_OR_FOLLOWER
+                log.info("%s: %s, retrying", context, exc)
+                await self._sleep_backoff(attempt)
             except _Retry as retry:
                 last_code = retry.code
                 log.info("%s: %s, retrying", context, error_name_for_code(retry.code))

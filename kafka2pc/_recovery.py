@@ -198,15 +198,34 @@ def settle(
     state: PreparedTxnState,
     *,
     raise_on_heuristic: bool = True,
+    indefinite_retries: int = 5,
 ) -> Settlement:
     """Carry out :func:`plan`: commit the prepared transaction, or abort a stray one.
 
     Idempotent: settling again finds nothing open and reports the same outcome.
     Raises :class:`HeuristicOutcomeError` when Kafka aborted the stored
-    transaction (unless ``raise_on_heuristic=False``), and
-    :class:`IndefiniteOutcomeError` when an EndTxn got no answer (retry).
+    transaction (unless ``raise_on_heuristic=False``).  An EndTxn without an
+    answer is re-planned and retried up to ``indefinite_retries`` times, then
+    raises :class:`IndefiniteOutcomeError`.
     """
-    recovery_plan = plan(ctrl, transactional_id, state)
+    for attempt in range(indefinite_retries + 1):
+        recovery_plan = plan(ctrl, transactional_id, state)
+        try:
+            return _carry_out(ctrl, recovery_plan, raise_on_heuristic)
+        except IndefiniteOutcomeError as exc:
+            # The EndTxn may or may not have landed (coordinator died, timeout).
+            # Re-plan from scratch: the anchor check tells whether the prepared
+            # transaction is still open, so a retry never commits another one.
+            if attempt == indefinite_retries:
+                raise
+            logger.warning("%s: %s; re-planning (attempt %d of %d)", transactional_id, exc,
+                           attempt + 1, indefinite_retries + 1)
+            time.sleep(min(0.2 * 2**attempt, 5.0))
+    raise AssertionError("unreachable")
+
+
+def _carry_out(ctrl: ControlPlane, recovery_plan: RecoveryPlan, raise_on_heuristic: bool) -> Settlement:
+    transactional_id, state = recovery_plan.transactional_id, recovery_plan.state
     desc = recovery_plan.coordinator
     outcome = recovery_plan.stored_outcome
     if recovery_plan.decision is not Decision.NOTHING and desc is not None:

@@ -413,6 +413,15 @@ class LocalKafka:
         self._save()
 
 
+def _all_clusters() -> list[LocalKafka]:
+    clusters = []
+    for state in sorted((cache_dir() / "run").glob("*/cluster.json")):
+        data = json.loads(state.read_text())
+        data["nodes"] = [_Node(**n) for n in data["nodes"]]
+        clusters.append(LocalKafka(**data))
+    return clusters
+
+
 def _reap(pid: int) -> None:
     try:
         os.waitpid(pid, os.WNOHANG)
@@ -437,6 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", default=os.environ.get("KAFKA_VERSION", DEFAULT_KAFKA_VERSION))
     parser.add_argument("--brokers", type=int, default=1, help="number of KRaft nodes (1 or 3)")
     parser.add_argument("--port", type=int, default=0, help="first listener port")
+    parser.add_argument("--all", action="store_true", help="with down: stop every local cluster")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     kafka = LocalKafka(version=args.version, brokers=args.brokers, base_port=args.port)
@@ -449,8 +459,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"logs: {kafka.log_file()}", file=sys.stderr)
             print(kafka.bootstrap_servers)
         elif args.command == "down":
-            loaded.stop()
-            print(f"stopped {loaded.name}")
+            for cluster in _all_clusters() if args.all else [loaded]:
+                cluster.stop()
+                print(f"stopped {cluster.name}")
         elif args.command == "wipe":
             loaded.wipe()
             print(f"wiped {loaded.name}")

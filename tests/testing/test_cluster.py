@@ -1,0 +1,75 @@
+"""Three-node KRaft cluster: a prepared transaction survives the loss of its coordinator."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from kafka2pc import PreparedTxnState, TransactionAdmin
+from kafka2pc.testing import create_topic, drain, end_offsets
+from kafka2pc.testing.broker import LocalKafka
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from kafka2pc import TwoPhaseCommitProducer
+    bootstrap, tid, topic = sys.argv[1:4]
+    p = TwoPhaseCommitProducer({"bootstrap.servers": bootstrap, "transactional.id": tid})
+    p.init_transactions()
+    p.begin_transaction()
+    for i in range(6):
+        p.produce(topic, value=b"rec-%d" % i, partition=i % 3)
+    state = p.prepare_transaction()
+    print("PREPARED", state, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalKafka]:
+    kafka = LocalKafka.up(brokers=3)
+    yield kafka
+    kafka.stop()
+
+
+def test_prepared_transaction_completes_after_coordinator_is_killed(cluster: LocalKafka) -> None:
+    bootstrap = cluster.bootstrap_servers
+    topic = create_topic(bootstrap, partitions=3, replication_factor=3)
+    tid = f"failover-{uuid.uuid4().hex[:8]}"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, bootstrap, tid, topic], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline().split()
+        assert line[0] == "PREPARED", line
+        state = PreparedTxnState(line[1])
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+
+    admin = TransactionAdmin({"bootstrap.servers": bootstrap}, request_timeout_s=20)
+    try:
+        info = admin.describe_transaction(tid)
+        assert info is not None and info.state == "Ongoing"
+        coordinator = info.description.coordinator_id
+        cluster.stop_node(coordinator, kill=True)
+        try:
+            settlement = admin.complete_transaction(tid, state)
+        finally:
+            cluster.start_node(coordinator)
+    finally:
+        admin.close()
+
+    assert settlement.outcome.value == "committed"
+    values = sorted(r.value for r in drain(bootstrap, topic, "read_committed", timeout=60))
+    assert values == sorted(b"rec-%d" % i for i in range(6))
+    assert end_offsets(bootstrap, topic, "read_committed") == end_offsets(bootstrap, topic, "read_uncommitted")
