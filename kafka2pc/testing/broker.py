@@ -294,14 +294,27 @@ class LocalKafka:
         node.pid = 0
         self._save()
 
-    def stop(self) -> None:
-        """Stop every node cleanly (data is kept; ``up`` reuses it)."""
-        for node in reversed(self.nodes):
-            self.stop_node(node.node_id)
+    def stop(self, *, kill: bool = False, timeout: float = 60.0) -> None:
+        """Stop every node (data is kept; ``up`` reuses it).
+
+        All nodes get the signal at once, so a multi-node cluster does not
+        lose its controller quorum half-way through a clean shutdown.
+        """
+        sig = signal.SIGKILL if kill else signal.SIGTERM
+        for node in self.nodes:
+            if node.pid and _pid_alive(node.pid):
+                os.kill(node.pid, sig)
+        deadline = time.monotonic() + timeout
+        while any(n.pid and _pid_alive(n.pid) for n in self.nodes) and time.monotonic() < deadline:
+            for node in self.nodes:
+                _reap(node.pid)
+            time.sleep(0.1)
+        for node in self.nodes:
+            self.stop_node(node.node_id, kill=True)  # stragglers
 
     def wipe(self) -> None:
         """Stop every node and delete the cluster's data."""
-        self.stop()
+        self.stop(kill=True)
         shutil.rmtree(self.home, ignore_errors=True)
 
     def running(self) -> bool:
@@ -423,6 +436,8 @@ def _all_clusters() -> list[LocalKafka]:
 
 
 def _reap(pid: int) -> None:
+    if pid <= 0:
+        return
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
