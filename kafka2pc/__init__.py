@@ -7,7 +7,8 @@ Public API (everything else lives in private modules)::
 See ``README.md`` for the dual-write recipe, the recovery routine and the CLI.
 """
 
-from kafka2pc._admin import TransactionAdmin, TransactionInfo
+from typing import TYPE_CHECKING, Any
+
 from kafka2pc._exceptions import (
     AbortableError,
     AuthorizationError,
@@ -26,10 +27,27 @@ from kafka2pc._exceptions import (
     UsageError,
 )
 from kafka2pc._machine import TxnState
-from kafka2pc._producer import QueueFullError, TwoPhaseCommitProducer
-from kafka2pc._recovery import Decision, RecoveryPlan, Settlement, TransactionOutcome
 from kafka2pc._state import PreparedTxnState
 from kafka2pc._types import TopicPartition
+
+if TYPE_CHECKING:
+    from kafka2pc._admin import TransactionAdmin, TransactionInfo
+    from kafka2pc._producer import QueueFullError, TwoPhaseCommitProducer
+    from kafka2pc._recovery import Decision, RecoveryPlan, Settlement, TransactionOutcome
+
+# Names whose modules import confluent-kafka / kafka-python (~150 ms): loaded on
+# first access (PEP 562) so that ``import kafka2pc`` -- and the CLI's ``--help`` --
+# stay fast.  ``from kafka2pc import TwoPhaseCommitProducer`` works as before.
+_LAZY = {
+    "TransactionAdmin": "kafka2pc._admin",
+    "TransactionInfo": "kafka2pc._admin",
+    "QueueFullError": "kafka2pc._producer",
+    "TwoPhaseCommitProducer": "kafka2pc._producer",
+    "Decision": "kafka2pc._recovery",
+    "RecoveryPlan": "kafka2pc._recovery",
+    "Settlement": "kafka2pc._recovery",
+    "TransactionOutcome": "kafka2pc._recovery",
+}
 
 __version__ = "0.1.0"
 
@@ -63,11 +81,36 @@ __all__ = [
     "__version__",
 ]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if hasattr(_obj, "__module__") and _name != "__version__":
+
+def _present_as_public(obj: Any) -> None:
+    if hasattr(obj, "__module__"):
         try:
-            _obj.__module__ = "kafka2pc"
+            obj.__module__ = "kafka2pc"
         except (AttributeError, TypeError):
             pass
-del _name, _obj
+
+
+if not TYPE_CHECKING:  # type checkers see the imports above; a visible __getattr__ would hide typos
+
+    def __getattr__(name: str) -> Any:
+        module_name = _LAZY.get(name)
+        if module_name is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        import importlib
+
+        module = importlib.import_module(module_name)
+        for lazy_name, lazy_module in _LAZY.items():
+            if lazy_module == module_name:
+                obj = getattr(module, lazy_name)
+                _present_as_public(obj)
+                globals()[lazy_name] = obj
+        return globals()[name]
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))
+
+
+for _name in __all__:
+    if _name != "__version__" and _name not in _LAZY:
+        _present_as_public(globals()[_name])
+del _name

@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any, TypeVar
 
@@ -257,6 +258,7 @@ class ControlPlane:
         self._closed = False
         self._coordinators: dict[str, int] = {}
         self._keep_prepared_supported: bool | None = None
+        self._requests: Counter[str] = Counter()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -306,7 +308,21 @@ class ControlPlane:
 
     async def _send(self, request: Any, node_id: int | None) -> Any:
         manager = self._client()._manager
+        self._requests[type(request).__name__.removesuffix("Request")] += 1
         return await manager.send(request, node_id=node_id, request_timeout_ms=self._request_timeout_ms)
+
+    @property
+    def requests_sent(self) -> dict[str, int]:
+        """Requests sent so far by API name (``{"EndTxn": 1, ...}``), a copy.
+
+        Counts what kafka2pc itself asks of the cluster (not kafka-python's
+        connection bootstrap or its periodic metadata refresh); a
+        ``record_outcome`` read_committed probe counts as ``"OutcomeProbe"`` and
+        a topic listing as ``"ListTopics"``.  Lets tests and benchmarks check
+        that a producer's steady-state transactions cost no control-plane
+        round trip.
+        """
+        return dict(self._requests)
 
     async def _sleep_backoff(self, attempt: int) -> None:
         await self._client()._manager._net.sleep(min(0.05 * (2**attempt), 2.0))
@@ -520,6 +536,7 @@ class ControlPlane:
     def topic_names(self) -> list[str]:
         """Names of every topic in the cluster (used to resolve digest-stored anchor topics)."""
         admin = self._client()
+        self._requests["ListTopics"] += 1
         try:
             return sorted(admin.list_topics())
         except kafka_errors.KafkaError as exc:
@@ -932,6 +949,7 @@ class ControlPlane:
         from confluent_kafka import TopicPartition as ConfluentTopicPartition
 
         deadline = time.monotonic() + self._request_timeout_ms / 1000
+        self._requests["OutcomeProbe"] += 1
         config = _connection_only(self._confluent_config)
         config.update(
             {

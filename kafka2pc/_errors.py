@@ -36,6 +36,8 @@ context of the call and is taken by the control plane, not here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import kafka.errors as kafka_errors
 
 from kafka2pc._exceptions import (
@@ -49,6 +51,9 @@ from kafka2pc._exceptions import (
     RetriableError,
     UnsupportedBrokerError,
 )
+
+if TYPE_CHECKING:
+    from confluent_kafka import KafkaError as ConfluentKafkaError
 
 __all__ = ["error_name_for_code", "translate_confluent_error", "translate_kafka_python_error"]
 
@@ -80,6 +85,7 @@ _RETRIABLE = frozenset(
         "COORDINATOR_NOT_AVAILABLE",
         "CONCURRENT_TRANSACTIONS",
         "NOT_LEADER_OR_FOLLOWER",
+        "NOT_LEADER_FOR_PARTITION",  # kafka-python's (pre-2.7) name for code 6
         "LEADER_NOT_AVAILABLE",
     }
 )
@@ -172,7 +178,7 @@ _CONFLUENT_UNAVAILABLE = frozenset(
 )
 
 
-def translate_confluent_error(exc: BaseException, context: str) -> Kafka2pcError:
+def translate_confluent_error(exc: BaseException | ConfluentKafkaError, context: str) -> Kafka2pcError:
     """Translate a confluent-kafka ``KafkaException`` (or ``KafkaError``) into a kafka2pc error.
 
     librdkafka classifies its errors itself (``fatal()``, ``txn_requires_abort()``,
@@ -181,7 +187,8 @@ def translate_confluent_error(exc: BaseException, context: str) -> Kafka2pcError
     """
     from confluent_kafka import KafkaError
 
-    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else exc
+    args = getattr(exc, "args", ())  # a bare KafkaError is not an exception: no args
+    err = args[0] if args and isinstance(args[0], KafkaError) else exc
     if not isinstance(err, KafkaError):
         return KafkaTransactionError(f"{context}: {exc}")
     name = err.name()

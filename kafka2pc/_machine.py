@@ -146,6 +146,10 @@ class StateMachine:
             ),
             TxnState.FATAL_ERROR: f"the producer hit a fatal error ({self._cause!r}); create a new one",
             TxnState.ABORTABLE_ERROR: f"the transaction failed ({self._cause!r}); abort it",
+            TxnState.IN_DOUBT: (
+                f"the outcome of {self._in_doubt_operation}() is unknown; retry it or call "
+                f"complete_transaction(state) first (cause: {self._cause!r})"
+            ),
             TxnState.UNINITIALIZED: "call init_transactions() first",
             TxnState.CLOSED: "the producer is closed",
         }.get(state, f"allowed in: {allowed}")

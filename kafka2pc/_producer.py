@@ -14,6 +14,7 @@ from kafka2pc._errors import translate_confluent_error
 from kafka2pc._exceptions import (
     AbortableError,
     FatalError,
+    HeuristicOutcomeError,
     IllegalStateError,
     IndefiniteOutcomeError,
     Kafka2pcError,
@@ -179,12 +180,16 @@ class TwoPhaseCommitProducer:
             raise self._failed("produce", exc) from exc
 
     def poll(self, timeout: float = 0) -> int:
-        """Serve delivery reports (as ``confluent_kafka.Producer.poll``)."""
-        return self._require_producer().poll(timeout)
+        """Serve delivery reports (as ``confluent_kafka.Producer.poll``).
+
+        A fatal producer error (e.g. fenced by a newer instance) raises the
+        translated kafka2pc error, never a raw ``KafkaException``.
+        """
+        return int(self._call(lambda p: p.poll(timeout), "poll"))
 
     def flush(self, timeout: float = -1) -> int:
-        """Wait for outstanding records (as ``confluent_kafka.Producer.flush``)."""
-        return self._require_producer().flush(timeout)
+        """Wait for outstanding records (as ``confluent_kafka.Producer.flush``); errors as :meth:`poll`."""
+        return int(self._call(lambda p: p.flush(timeout), "flush"))
 
     def __len__(self) -> int:
         return len(self._producer) if self._producer is not None else 0
@@ -202,14 +207,22 @@ class TwoPhaseCommitProducer:
 
         After this only ``commit_transaction``, ``abort_transaction`` and
         ``complete_transaction`` are allowed.  A record that failed delivery
-        raises :class:`AbortableError` (abort and retry the transaction); a
-        flush that did not finish in ``timeout`` seconds raises
+        raises :class:`AbortableError` (abort and retry the transaction), or
+        :class:`ProducerFencedError` when a newer instance (e.g. a recovery) has
+        fenced this one; a flush that did not finish in ``timeout`` seconds raises
         :class:`RetriableError` and leaves the transaction open (call again).
         """
         self._machine.check("prepare_transaction")
-        producer = self._require_producer()
-        remaining = producer.flush(-1 if timeout is None else timeout)
+        remaining = self._call(lambda p: p.flush(-1 if timeout is None else timeout), "prepare_transaction")
         if self._delivery_error is not None:
+            failed = translate_confluent_error(
+                self._delivery_error, f"prepare_transaction({self._transactional_id!r}): a record failed delivery"
+            )
+            if isinstance(failed, FatalError):
+                # e.g. INVALID_PRODUCER_EPOCH: a recovery elsewhere fenced this instance;
+                # "abort and retry" would be wrong advice.
+                self._machine.transition_to(TxnState.FATAL_ERROR, cause=failed)
+                raise failed
             err = AbortableError(
                 f"a record of the transaction failed delivery: {self._delivery_error.str()}",
                 error_name=self._delivery_error.name(), error_code=self._delivery_error.code(),
@@ -283,9 +296,12 @@ class TwoPhaseCommitProducer:
             if source is not TxnState.IN_DOUBT:
                 self._machine.transition_to(TxnState.IN_DOUBT, operation="complete_transaction")
             raise
-        except Kafka2pcError:
+        except HeuristicOutcomeError:
             self._reinitialize(timeout)  # a heuristic outcome is settled: fence and move on
             raise
+        # Any other error (broker unavailable, authorization...) leaves the transaction
+        # as it was: re-initialising now would abort a prepared transaction whose
+        # commit was decided.  The caller retries complete_transaction.
         self._reinitialize(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -313,13 +329,28 @@ class TwoPhaseCommitProducer:
                 f"the broker does not support {', '.join(missing)}, which kafka2pc needs (Kafka >= 3.0)"
             )
         if self._two_pc_requested:
+            # Refused whatever the broker says: the transactions are opened by
+            # librdkafka, whose InitProducerId cannot carry Enable2Pc, so they stay
+            # bounded by transaction.timeout.ms.  Accepting the setting would promise
+            # unbounded prepared transactions and silently break that promise.
+            top = versions["InitProducerId"][1]
             enabled = self._ctrl.broker_config([TWO_PC_CONFIG]).get(TWO_PC_CONFIG)
-            if versions["InitProducerId"][1] < 6 or enabled != "true":
-                raise UnsupportedBrokerError(
-                    f"{TWO_PC_CONFIG}=true was asked, but the broker does not run 2PC "
-                    f"(InitProducerId v{versions['InitProducerId'][1]}, {TWO_PC_CONFIG}={enabled}); "
-                    "drop the setting to use timeout-bounded prepared transactions"
+            if top < 6:
+                broker = (
+                    f"and the broker does not offer 2PC to clients either: it advertises InitProducerId "
+                    f"up to v{top}, KIP-939 needs v6 (broker setting {TWO_PC_CONFIG}={enabled or 'absent'})"
                 )
+            elif enabled != "true":
+                broker = f"and the broker has {TWO_PC_CONFIG}={enabled or 'absent'}"
+            else:
+                broker = "although the broker offers it (InitProducerId v6, 2PC enabled)"
+            raise UnsupportedBrokerError(
+                f"{TWO_PC_CONFIG}=true cannot be honoured: confluent-kafka (librdkafka) cannot send "
+                f"InitProducerId's Enable2Pc flag, {broker}. Drop the setting: prepared transactions "
+                "are then bounded by the broker's transaction.max.timeout.ms, and a prepared transaction "
+                "the broker aborts on timeout is reported by recovery as HeuristicOutcomeError",
+                error_name="UNSUPPORTED_VERSION",
+            )
 
     def _producer_config(self) -> dict[str, Any]:
         global _timeout_warning_logged
@@ -397,7 +428,8 @@ class TwoPhaseCommitProducer:
     def _failed(self, op: str, exc: KafkaException) -> Kafka2pcError:
         error = translate_confluent_error(exc, f"{op}({self._transactional_id!r})")
         if isinstance(error, FatalError):
-            self._machine.transition_to(TxnState.FATAL_ERROR, cause=error)
+            if self.state is not TxnState.FATAL_ERROR:  # poll()/flush() may report it again
+                self._machine.transition_to(TxnState.FATAL_ERROR, cause=error)
         elif isinstance(error, AbortableError) and self.state in (TxnState.IN_TRANSACTION, TxnState.PREPARED):
             self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=error)
         return error
@@ -421,7 +453,9 @@ class TwoPhaseCommitProducer:
             elif self._anchor is None:
                 # Delivery reports of one partition arrive in offset order: the first
                 # one on any partition is the transaction's first record there.
-                self._anchor = (msg.topic(), msg.partition(), msg.offset())
+                topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+                if topic is not None and partition is not None and offset is not None:
+                    self._anchor = (topic, partition, offset)
             if user_cb is not None:
                 user_cb(err, msg)
 

@@ -151,7 +151,9 @@ class PreparedTxnState:
                 raise InvalidPreparedStateError(f"producer id {producer_id} out of range")
             if not 0 <= epoch <= _INT16_MAX:
                 raise InvalidPreparedStateError(f"producer epoch {epoch} out of range 0..{_INT16_MAX}")
-        if anchor is not None:
+        if anchor is None:
+            anchor_offset = -1  # an offset without its partition names nothing; keep equality exact
+        else:
             if not 0 <= anchor.partition <= _INT32_MAX:
                 raise InvalidPreparedStateError(f"partition {anchor.partition} out of range")
             if not 0 <= anchor_offset <= _INT64_MAX:

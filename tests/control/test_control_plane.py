@@ -1,32 +1,28 @@
 """Integration tests of the control plane against a real broker.
 
-The broker comes from ``$KAFKA_BOOTSTRAP_SERVERS``.  ``kafka_bootstrap`` and
-``topic_factory`` are local stand-ins for the shared ``kafka2pc.testing``
-fixtures of the same names.
+The broker and topics come from the shared ``kafka2pc.testing`` fixtures
+(``kafka_bootstrap``, ``topic_factory``).  The indefinite outcome of EndTxn is
+tested against a broker that really stops answering in
+``tests/core/test_indefinite.py``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
-
-import kafka.errors as kafka_errors
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 
 from kafka2pc._control import ControlPlane
 from kafka2pc._exceptions import (
     HeuristicOutcomeError,
-    IndefiniteOutcomeError,
     ProducerFencedError,
     UnsupportedBrokerError,
     UsageError,
@@ -55,23 +51,6 @@ for t in range(int(txns)):
 print(json.dumps(reports), flush=True)
 time.sleep(600)
 """
-
-
-@pytest.fixture(scope="session")
-def kafka_bootstrap() -> str:
-    return os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092")
-
-
-@pytest.fixture
-def topic_factory(kafka_bootstrap: str) -> Callable[..., str]:
-    def make(partitions: int = 1) -> str:
-        name = f"k2pc-control-{uuid.uuid4().hex[:10]}"
-        admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-        for future in admin.create_topics([NewTopic(name, partitions, 1)]).values():
-            future.result(30)
-        return name
-
-    return make
 
 
 @pytest.fixture
@@ -368,29 +347,3 @@ def test_record_outcome_unknown_below_log_start(
     assert control.record_outcome(tp, 1) == "unknown"
     assert control.record_outcome(tp, 3) == "committed"
     assert control.record_outcome(tp, 5) == "ongoing"  # nothing stable there yet
-
-
-# -- indefinite outcome ------------------------------------------------------------
-
-
-def test_end_txn_timeout_is_an_indefinite_outcome(
-    control: ControlPlane, kafka_bootstrap: str, topic_factory: Callable[..., str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    txid, _ = killed_producer(kafka_bootstrap, topic_factory())
-    description = control.describe_transaction(txid)
-    assert description is not None
-    real_send = ControlPlane._send
-
-    async def timing_out_send(self: ControlPlane, request: Any, node_id: int | None) -> Any:
-        if type(request).__name__ == "EndTxnRequest":
-            raise kafka_errors.RequestTimedOutError("Request timed out after 15000 ms")
-        return await real_send(self, request, node_id)
-
-    monkeypatch.setattr(ControlPlane, "_send", timing_out_send)
-    with pytest.raises(IndefiniteOutcomeError) as raised:
-        control.end_txn(txid, description.producer_id, description.producer_epoch, commit=True)
-    assert raised.value.state == (description.producer_id, description.producer_epoch)
-    monkeypatch.undo()
-    still = control.describe_transaction(txid)
-    assert still is not None and still.state == "Ongoing"
-    control.end_txn(txid, description.producer_id, description.producer_epoch, commit=False)

@@ -1,0 +1,157 @@
+"""Crash-test helpers: a dual-writing child process the test can kill -9, and the end-state checks.
+
+Imported by ``conftest.py`` and the tests as ``_crash`` (tests/core is on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kafka2pc import PreparedTxnState
+from kafka2pc.testing import drain, end_offsets
+
+CHILD = Path(__file__).with_name("_child.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Child:
+    """A running ``_child.py``: read its markers, send it commands, kill it."""
+
+    proc: subprocess.Popen[str]
+    bootstrap: str
+    topic: str
+    transactional_id: str
+    db_path: Path
+    log_path: Path
+    _lines: queue.Queue[str | None] = field(default_factory=queue.Queue)
+
+    def __post_init__(self) -> None:
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def expect(self, marker: str, timeout: float = 60.0) -> str:
+        """Wait for the next line; it must start with ``marker``; return the rest."""
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"child printed nothing within {timeout}s (expected {marker}); log: {self.log()}")
+        if line is None:
+            raise AssertionError(f"child exited (rc={self.proc.wait(5)}) before {marker}; log: {self.log()}")
+        assert line.startswith(marker), f"expected {marker}, got {line!r}; log: {self.log()}"
+        return line[len(marker):].strip()
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.proc.pid, signum)
+
+    def kill(self) -> None:
+        """``kill -9`` and reap."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        assert self.proc.returncode in (-signal.SIGKILL, 0, 1)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text()[-3000:]
+        except OSError:
+            return "<no log>"
+
+
+@dataclass
+class Scenario:
+    """One transactional id, one topic, one SQLite database: what the application owns."""
+
+    bootstrap: str
+    topic: str
+    transactional_id: str
+    db_path: Path
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def config(self) -> dict[str, str]:
+        return {"bootstrap.servers": self.bootstrap, "transactional.id": self.transactional_id}
+
+    def spawn(self, *steps: str, timeout_ms: int | None = None) -> Child:
+        """Start ``_child.py`` running ``steps`` (see its docstring)."""
+        args = [self.bootstrap, self.topic, self.transactional_id, str(self.db_path)]
+        if timeout_ms is not None:
+            args += ["--timeout-ms", str(timeout_ms)]
+        log_path = self.db_path.with_name(f"child-{len(self.children)}.log")
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, str(CHILD), *args, *steps],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=REPO,
+            )
+        child = Child(proc, self.bootstrap, self.topic, self.transactional_id, self.db_path, log_path)
+        self.children.append(child)
+        return child
+
+    def stored_state(self) -> PreparedTxnState:
+        """What the recovery routine reads from the database (empty when nothing was stored)."""
+        with sqlite3.connect(self.db_path) as db:
+            row = db.execute(
+                "SELECT state FROM kafka_txn_state WHERE transactional_id = ?", (self.transactional_id,)
+            ).fetchone()
+        return PreparedTxnState(row[0]) if row else PreparedTxnState()
+
+    def db_values(self) -> list[str]:
+        with sqlite3.connect(self.db_path) as db:
+            return sorted(v for (v,) in db.execute("SELECT value FROM rows"))
+
+    def visible(self) -> list[str]:
+        """Values a read_committed consumer sees (with duplicates, if any)."""
+        return sorted(r.value.decode() for r in drain(self.bootstrap, self.topic, "read_committed") if r.value)
+
+    def assert_consistent(self, expected: list[str] | None = None) -> list[str]:
+        """The dual-write invariant, checked on the real end state.
+
+        Every committed database row has exactly one visible Kafka record and
+        vice versa, and no transaction is left hanging (last stable offset ==
+        high watermark on every partition).
+        """
+        visible = self.visible()
+        duplicates = [v for v, n in Counter(visible).items() if n > 1]
+        assert duplicates == [], f"duplicates visible to read_committed: {duplicates}"
+        assert visible == self.db_values(), "database rows and visible Kafka records differ"
+        if expected is not None:
+            assert visible == sorted(expected)
+        assert end_offsets(self.bootstrap, self.topic, "read_committed") == end_offsets(
+            self.bootstrap, self.topic, "read_uncommitted"
+        ), "a transaction is still open on the topic"
+        return visible
+
+    def assert_hanging(self) -> None:
+        """A transaction is open: its records hold the last stable offset back."""
+        lso = end_offsets(self.bootstrap, self.topic, "read_committed")
+        hw = end_offsets(self.bootstrap, self.topic, "read_uncommitted")
+        assert any(lso[p] < hw[p] for p in hw), (lso, hw)
+
+    def close(self) -> None:
+        for child in self.children:
+            if child.proc.poll() is None:
+                try:
+                    os.kill(child.proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            child.kill()
