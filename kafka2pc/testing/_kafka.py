@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 Isolation = Literal["read_committed", "read_uncommitted"]
 
@@ -56,15 +56,16 @@ def end_offsets(
 ) -> dict[int, int]:
     """Per partition: the high watermark (``read_uncommitted``) or last stable offset (``read_committed``)."""
     from confluent_kafka import IsolationLevel
-    from confluent_kafka.admin import OffsetSpec
+    from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     md = admin.list_topics(topic, timeout=10).topics[topic]
     level = (
         IsolationLevel.READ_COMMITTED if isolation == "read_committed" else IsolationLevel.READ_UNCOMMITTED
     )
+    latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
     futures = admin.list_offsets(
-        {TopicPartition(topic, p): OffsetSpec.latest() for p in md.partitions},
+        {TopicPartition(topic, p): latest for p in md.partitions},
         isolation_level=level,
         request_timeout=15,
     )
@@ -105,15 +106,16 @@ def drain(
             if msg is None:
                 continue
             err = msg.error()
+            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    if msg.offset() >= ends[msg.partition()]:
-                        pending.discard(msg.partition())
+                    if offset >= ends[partition]:
+                        pending.discard(partition)
                     continue
                 raise RuntimeError(f"drain({topic}): {err}")
-            records.append(Record(topic, msg.partition(), msg.offset(), msg.key(), msg.value()))
-            if msg.offset() + 1 >= ends[msg.partition()]:
-                pending.discard(msg.partition())
+            records.append(Record(topic, partition, offset, msg.key(), msg.value()))
+            if offset + 1 >= ends[partition]:
+                pending.discard(partition)
         return records
     finally:
         consumer.close()
