@@ -329,28 +329,23 @@ class TwoPhaseCommitProducer:
                 f"the broker does not support {', '.join(missing)}, which kafka2pc needs (Kafka >= 3.0)"
             )
         if self._two_pc_requested:
-            # Refused whatever the broker says: the transactions are opened by
-            # librdkafka, whose InitProducerId cannot carry Enable2Pc, so they stay
-            # bounded by transaction.timeout.ms.  Accepting the setting would promise
-            # unbounded prepared transactions and silently break that promise.
+            # KIP-939 2PC needs the broker to offer it (InitProducerId v6 and the
+            # broker setting) *and* the client to send Enable2Pc.  A broker that
+            # refuses it is an error, as in KIP-939.  A broker that offers it is
+            # accepted, but librdkafka cannot send Enable2Pc: transactions stay
+            # bounded by transaction.timeout.ms (raised to the broker maximum, with
+            # the warning logged in _producer_config).
             top = versions["InitProducerId"][1]
             enabled = self._ctrl.broker_config([TWO_PC_CONFIG]).get(TWO_PC_CONFIG)
-            if top < 6:
-                broker = (
-                    f"and the broker does not offer 2PC to clients either: it advertises InitProducerId "
-                    f"up to v{top}, KIP-939 needs v6 (broker setting {TWO_PC_CONFIG}={enabled or 'absent'})"
+            if top < 6 or enabled != "true":
+                raise UnsupportedBrokerError(
+                    f"{TWO_PC_CONFIG}=true was asked, but the broker does not offer 2PC to clients: it "
+                    f"advertises InitProducerId up to v{top} (KIP-939 needs v6) and has "
+                    f"{TWO_PC_CONFIG}={enabled or 'absent'}. Drop the setting: prepared transactions are "
+                    "then bounded by the broker's transaction.max.timeout.ms, and one the broker aborts on "
+                    "timeout is reported by recovery as HeuristicOutcomeError",
+                    error_name="UNSUPPORTED_VERSION",
                 )
-            elif enabled != "true":
-                broker = f"and the broker has {TWO_PC_CONFIG}={enabled or 'absent'}"
-            else:
-                broker = "although the broker offers it (InitProducerId v6, 2PC enabled)"
-            raise UnsupportedBrokerError(
-                f"{TWO_PC_CONFIG}=true cannot be honoured: confluent-kafka (librdkafka) cannot send "
-                f"InitProducerId's Enable2Pc flag, {broker}. Drop the setting: prepared transactions "
-                "are then bounded by the broker's transaction.max.timeout.ms, and a prepared transaction "
-                "the broker aborts on timeout is reported by recovery as HeuristicOutcomeError",
-                error_name="UNSUPPORTED_VERSION",
-            )
 
     def _producer_config(self) -> dict[str, Any]:
         global _timeout_warning_logged
