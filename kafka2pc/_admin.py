@@ -10,7 +10,7 @@ from typing import Any
 
 from kafka2pc._control import ControlPlane
 from kafka2pc._exceptions import UsageError
-from kafka2pc._recovery import RecoveryPlan, Settlement, TransactionOutcome, outcome_of, plan, settle
+from kafka2pc._recovery import Decision, RecoveryPlan, Settlement, TransactionOutcome, outcome_of, plan, settle
 from kafka2pc._state import PreparedTxnState
 from kafka2pc._types import TopicPartition, TransactionDescription
 
@@ -160,13 +160,15 @@ class TransactionAdmin:
     ) -> Settlement:
         """KIP-939 ``completeTransaction`` from any process: commit iff ``state`` is the open transaction.
 
-        With ``fence=True`` the producer id's epoch is bumped afterwards, so an
-        old instance still running is fenced.
+        With ``fence=True``, when a transaction was committed or aborted, the
+        producer id's epoch is bumped afterwards so an old instance still running
+        is fenced.  When nothing was open nothing is sent, so a healthy running
+        producer is left alone.
         """
         if not isinstance(state, PreparedTxnState):
             raise UsageError(f"state must be a PreparedTxnState, not {type(state).__name__}")
         settlement = settle(self._ctrl, transactional_id, state, raise_on_heuristic=raise_on_heuristic)
-        if fence and settlement.plan.coordinator is not None:
+        if fence and settlement.plan.coordinator is not None and settlement.plan.decision is not Decision.NOTHING:
             timeout_ms = settlement.plan.coordinator.timeout_ms or 60_000
             self._ctrl.init_producer_id(transactional_id, transaction_timeout_ms=timeout_ms)
         return settlement

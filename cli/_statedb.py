@@ -1,0 +1,130 @@
+"""Reading the prepared states the dual-write recipe stored, with plain SQLAlchemy Core.
+
+The recipe keeps one row per transactional id::
+
+    kafka_transaction_state (
+        transactional_id   VARCHAR PRIMARY KEY,
+        prepared_txn_state VARCHAR(255) NULL,   -- str(PreparedTxnState); NULL/'' = empty state
+        updated_at         TIMESTAMP
+    )
+
+The CLI reads those three columns itself instead of importing the recipe, so
+that it works on any database the recipe wrote (and on tables an application
+keeps in the same shape), and so that the CLI never depends on recipe code.
+It only reads: settling happens in Kafka, and the rows stay as they are (they
+record what the *database* decided, which recovery must not change).
+
+Imported only by the ``in-doubt`` and ``recover`` commands (SQLAlchemy is heavy).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+from ._errors import CliFailure, ExitCode
+
+__all__ = ["DEFAULT_TABLE", "StoredState", "masked_url", "read_states"]
+
+DEFAULT_TABLE = "kafka_transaction_state"
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """One row of the state table: a transactional id and the prepared state the database committed."""
+
+    transactional_id: str
+    prepared_txn_state: str | None
+    """``None`` when the column is NULL or blank (the empty state)."""
+    updated_at: str | None
+    """ISO 8601 text of ``updated_at`` as the database returned it."""
+
+
+def _engine_url(db_url: str) -> sa.URL:
+    url = sa.make_url(db_url)
+    if url.drivername == "postgresql" and importlib.util.find_spec("psycopg2") is None:
+        # SQLAlchemy's default PostgreSQL driver is psycopg2; kafka2pc depends on psycopg 3.
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def masked_url(db_url: str) -> str:
+    """The URL with its password replaced by ``***`` (safe to print)."""
+    try:
+        return sa.make_url(db_url).render_as_string(hide_password=True)
+    except sa.exc.ArgumentError:
+        return "<unparsable URL>"
+
+
+def _connect_args(url: sa.URL, timeout_s: float) -> dict[str, object]:
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        return {"connect_timeout": max(1, int(timeout_s))}
+    if backend == "mysql":
+        return {"connect_timeout": max(1, int(timeout_s))}
+    if backend == "sqlite":
+        return {"timeout": timeout_s}
+    return {}
+
+
+def _iso(value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (datetime.datetime, datetime.date)):
+        return value.isoformat()
+    return str(value)
+
+
+def read_states(db_url: str, table: str = DEFAULT_TABLE, *, timeout_s: float = 15.0) -> list[StoredState]:
+    """Every row of ``table`` (``schema.table`` allowed), ordered by transactional id.
+
+    Raises :class:`CliFailure` (exit code ``DATABASE``) for a missing SQLite
+    file or table; other database failures surface as SQLAlchemy errors, which
+    the CLI maps to the same exit code.
+    """
+    url = _engine_url(db_url)
+    shown = url.render_as_string(hide_password=True)
+    if url.get_backend_name() == "sqlite":
+        database = url.database or ""
+        if database and database != ":memory:" and not database.startswith("file:"):
+            if not Path(database).is_file():
+                raise CliFailure(f"database error: SQLite file {database} does not exist", ExitCode.DATABASE)
+    schema, _, name = table.rpartition(".")
+    try:
+        engine = sa.create_engine(url, connect_args=_connect_args(url, timeout_s), poolclass=NullPool)
+    except ImportError as exc:
+        raise CliFailure(
+            f"database error: no driver for {url.drivername} is installed ({exc}); install it, or name an "
+            "installed one in the URL (e.g. postgresql+psycopg://...)",
+            ExitCode.DATABASE,
+        ) from exc
+    try:
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table(name, schema=schema or None):
+                raise CliFailure(f"database error: table {table!r} not found in {shown}", ExitCode.DATABASE)
+            state_table = sa.table(
+                name,
+                sa.column("transactional_id"),
+                sa.column("prepared_txn_state"),
+                sa.column("updated_at"),
+                schema=schema or None,
+            )
+            query = sa.select(
+                state_table.c.transactional_id, state_table.c.prepared_txn_state, state_table.c.updated_at
+            ).order_by(state_table.c.transactional_id)
+            rows = conn.execute(query).all()
+    finally:
+        engine.dispose()
+    return [
+        StoredState(
+            transactional_id=str(tid),
+            prepared_txn_state=str(state).strip() if state is not None and str(state).strip() else None,
+            updated_at=_iso(updated),
+        )
+        for tid, state, updated in rows
+    ]

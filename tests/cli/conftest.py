@@ -1,0 +1,180 @@
+"""Fixtures for the CLI tests: the installed console script, killed producers, the JSON schema.
+
+The CLI is always run as the installed ``kafka2pc`` console script in a
+subprocess, exactly as an operator runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHILD = Path(__file__).with_name("prepared_child.py")
+SCHEMA_MARKER = "<!-- kafka2pc-cli-json-schema -->"
+
+
+def console_script() -> str:
+    """The installed ``kafka2pc`` script of this interpreter's environment."""
+    beside = Path(sys.executable).parent / "kafka2pc"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("kafka2pc")
+    if found is None:
+        pytest.fail("the kafka2pc console script is not installed (pip install -e .)", pytrace=False)
+    return found
+
+
+@dataclass
+class Run:
+    """A finished CLI run."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def __str__(self) -> str:
+        return f"kafka2pc {' '.join(self.args)} -> {self.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
+
+
+def run_cli(
+    *args: str, input: str | None = None, timeout: float = 120.0, env: dict[str, str] | None = None
+) -> Run:
+    """Run the console script; never hangs (``timeout``), stdin closed unless ``input``."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [console_script(), *args],
+        input=input if input is not None else "",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    return Run(list(args), proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+
+
+@pytest.fixture
+def run_kafka2pc() -> Callable[..., Run]:
+    """``run_kafka2pc("--help")``: the console script, no connection options added."""
+    return run_cli
+
+
+@pytest.fixture
+def documented_shape() -> Callable[[Any, str], None]:
+    """``documented_shape(document, "list")`` validates against docs/cli.md's schema."""
+    return assert_documented_shape
+
+
+@pytest.fixture
+def kafka_cli(kafka_bootstrap: str) -> Callable[..., Run]:
+    """``kafka_cli("list", "--min-open", "0s")``: the CLI connected to the test broker."""
+
+    def run(*args: str, **kwargs: Any) -> Run:
+        return run_cli("--bootstrap-server", kafka_bootstrap, *args, **kwargs)
+
+    return run
+
+
+@dataclass(frozen=True)
+class PreparedTxn:
+    """What the killed child reported about one transactional id."""
+
+    tid: str
+    kind: str
+    states: list[str]
+    records: list[list[int]]  # [partition, offset, transaction index]
+    topic: str
+
+    def offsets(self, txn_index: int) -> set[tuple[int, int]]:
+        return {(p, o) for p, o, t in self.records if t == txn_index}
+
+
+@pytest.fixture
+def killed_producer(kafka_bootstrap: str) -> Iterator[Callable[..., dict[str, PreparedTxn]]]:
+    """Run ``prepared_child.py`` with scenarios, wait for READY, SIGKILL it; return what it reported.
+
+    Scenarios are ``(kind, tid, records)`` or ``(kind, tid, records, topic)``;
+    the default topic is ``topic`` (with ``partitions`` partitions).
+    """
+    procs: list[subprocess.Popen[str]] = []
+
+    def spawn(topic: str, partitions: int, *scenarios: tuple[Any, ...]) -> dict[str, PreparedTxn]:
+        specs, topics = [], {}
+        for scenario in scenarios:
+            kind, tid, records, *rest = scenario
+            specs.append(f"{kind}:{tid}:{records}" + (f":{rest[0]}" if rest else ""))
+            topics[tid] = rest[0] if rest else topic
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), kafka_bootstrap, topic, str(partitions), *specs],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stderr is not None
+        # Raw reads on the pipe: a buffered readline() could hold READY in its buffer
+        # while select() waits for more bytes that never come.
+        selector = selectors.DefaultSelector()
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        output = b""
+        deadline = time.monotonic() + 90
+        while b"READY\n" not in output:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or proc.poll() is not None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+                pytest.fail(f"child did not get READY: {output!r} {proc.stderr.read()!r}")
+            if selector.select(timeout=min(remaining, 1.0)):
+                output += os.read(proc.stdout.fileno(), 65536)
+        selector.close()
+        lines = output.decode().splitlines()
+        os.kill(proc.pid, signal.SIGKILL)  # a crash between prepare and commit
+        proc.wait(timeout=30)
+        result = {}
+        for line in lines[: lines.index("READY")]:
+            data = json.loads(line)
+            result[data["tid"]] = PreparedTxn(
+                data["tid"], data["kind"], data["states"], data["records"], topics[data["tid"]]
+            )
+        return result
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema documented in ``docs/cli.md`` (the block after the marker)."""
+    text = (REPO / "docs" / "cli.md").read_text()
+    after = text.split(SCHEMA_MARKER, 1)[1]
+    match = re.search(r"```json\n(.*?)\n```", after, re.DOTALL)
+    assert match is not None, "docs/cli.md: no ```json block after the schema marker"
+    schema: dict[str, Any] = json.loads(match.group(1))
+    return schema
+
+
+def assert_documented_shape(document: Any, kind: str) -> None:
+    """Validate a CLI JSON document against ``$defs/<kind>`` of the documented schema."""
+    from jsonschema import Draft202012Validator
+
+    schema = load_schema()
+    Draft202012Validator.check_schema(schema)
+    Draft202012Validator({**schema, "oneOf": [{"$ref": f"#/$defs/{kind}"}]}).validate(document)

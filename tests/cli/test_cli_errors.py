@@ -1,0 +1,99 @@
+"""Failures end as one actionable line and a documented exit code (tracebacks only with --debug)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from kafka2pc.cli._errors import ExitCode
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def one_line_error(run: Any) -> str:
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), run
+    assert "Traceback" not in run.stderr
+    return str(lines[0])
+
+
+def test_unreachable_cluster_fails_within_the_timeout(run_kafka2pc: Callable[..., Any]) -> None:
+    address = f"127.0.0.1:{closed_port()}"
+    run = run_kafka2pc("--timeout", "2", "list", "--bootstrap-server", address)
+    assert run.returncode == ExitCode.UNREACHABLE
+    assert "Kafka unreachable" in one_line_error(run) and address in run.stderr
+    assert run.seconds < 30  # bounded by --timeout, not by the 15 s default or a retry loop
+
+    debug = run_kafka2pc("--timeout", "1", "describe", "x", "--bootstrap-server", address, "--debug")
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and "BrokerUnavailableError" in debug.stderr
+
+
+def test_unknown_transactional_id(kafka_cli: Callable[..., Any]) -> None:
+    for args in (["describe", "never-used-id"], ["force-terminate", "never-used-id", "--yes"],
+                 ["complete", "never-used-id", "-1:-1"]):
+        run = kafka_cli(*args)
+        assert run.returncode == ExitCode.NOT_FOUND, run
+        assert "unknown transactional id 'never-used-id'" in one_line_error(run)
+
+
+def test_connection_options_before_after_and_from_the_environment(
+    kafka_bootstrap: str, run_kafka2pc: Callable[..., Any]
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
+    before = run_kafka2pc("--bootstrap-server", kafka_bootstrap, "--timeout", "10", "list", "--min-open", "1d", env=env)
+    after = run_kafka2pc("list", "--min-open", "1d", "--bootstrap-server", kafka_bootstrap, "--timeout", "10", env=env)
+    from_env = run_kafka2pc("list", "--min-open", "1d", env={**env, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap})
+    overridden = run_kafka2pc(  # the value after the command wins over the environment
+        "list", "--bootstrap-server", kafka_bootstrap,
+        env={**env, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port()}"},
+    )
+    for run in (before, after, from_env, overridden):
+        assert run.returncode == 0, run
+    missing = run_kafka2pc("list", env=env)
+    assert missing.returncode == ExitCode.USAGE and "no bootstrap server" in one_line_error(missing)
+
+
+def test_usage_errors(kafka_cli: Callable[..., Any]) -> None:
+    assert kafka_cli("list", "--min-open", "soon").returncode == ExitCode.USAGE
+    assert kafka_cli("list", "--state", "Sleeping").returncode == ExitCode.USAGE
+    assert kafka_cli("in-doubt").returncode == ExitCode.USAGE  # --db-url is required
+    malformed = kafka_cli("complete", "some-id", "not-a-state")
+    assert malformed.returncode == ExitCode.USAGE and "malformed prepared state" in one_line_error(malformed)
+
+
+def test_database_errors(
+    tmp_path: Path, pg_url: str, sqlite_url: str, kafka_cli: Callable[..., Any]
+) -> None:
+    missing_file = tmp_path / "absent.db"
+    run = kafka_cli("in-doubt", "--db-url", f"sqlite:///{missing_file}")
+    assert run.returncode == ExitCode.DATABASE and "does not exist" in one_line_error(run)
+    assert not missing_file.exists()  # reading never creates a database
+
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE unrelated (x INTEGER)"))
+    engine.dispose()
+    run = kafka_cli("recover", "--db-url", sqlite_url, "--table", "kafka_transaction_state")
+    assert run.returncode == ExitCode.DATABASE and "table 'kafka_transaction_state' not found" in one_line_error(run)
+    run = kafka_cli("in-doubt", "--db-url", sqlite_url, "--table", "unrelated")  # wrong columns
+    assert run.returncode == ExitCode.DATABASE and "transactional_id" in one_line_error(run)
+
+    url = sa.make_url(pg_url)
+    wrong_password = url.set(password="not-the-password").render_as_string(hide_password=False)
+    run = kafka_cli("in-doubt", "--db-url", wrong_password)
+    assert run.returncode == ExitCode.DATABASE and "password authentication failed" in one_line_error(run)
+    assert "not-the-password" not in run.stderr
+    unreachable = url.set(port=closed_port()).render_as_string(hide_password=False)
+    run = kafka_cli("in-doubt", "--db-url", unreachable, "--timeout", "3")
+    assert run.returncode == ExitCode.DATABASE and "database error" in one_line_error(run)
+    run = kafka_cli("in-doubt", "--db-url", "not a url")
+    assert run.returncode == ExitCode.DATABASE, run

@@ -1,0 +1,143 @@
+"""in-doubt / recover on the dual-write recipe's state table, on PostgreSQL and SQLite.
+
+One table holds every case recovery must tell apart, each left behind by a
+producer process killed with SIGKILL:
+
+* ``commit``  -- the stored state names the open prepared transaction;
+* ``stale``   -- the stored state names transaction 1 (committed); transaction 2 is open;
+* ``done``    -- the stored state's transaction committed; nothing is open;
+* ``never``   -- NULL state, an id the cluster never saw;
+* ``lost``    -- the stored state's transaction was force-terminated: a heuristic outcome.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy as sa
+
+from kafka2pc.cli._errors import ExitCode
+from kafka2pc.testing import drain, end_offsets
+
+DDL = """
+CREATE TABLE kafka_transaction_state (
+    transactional_id   VARCHAR(255) PRIMARY KEY,
+    prepared_txn_state VARCHAR(255) NULL,
+    updated_at         TIMESTAMP
+)
+"""
+
+
+def store(db_url: str, rows: dict[str, str | None]) -> None:
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE IF EXISTS kafka_transaction_state"))
+            conn.execute(sa.text(DDL))
+            for tid, state in rows.items():
+                conn.execute(
+                    sa.text("INSERT INTO kafka_transaction_state VALUES (:tid, :state, CURRENT_TIMESTAMP)"),
+                    {"tid": tid, "state": state},
+                )
+    finally:
+        engine.dispose()
+
+
+def test_in_doubt_and_recover_settle_a_mixed_table(
+    db_url: str,
+    kafka_bootstrap: str,
+    topic_factory: Callable[..., str],
+    killed_producer: Callable[..., Any],
+    kafka_cli: Callable[..., Any],
+    documented_shape: Callable[[Any, str], None],
+) -> None:
+    topic, lost_topic = topic_factory(partitions=2), topic_factory(partitions=1)
+    suffix = uuid.uuid4().hex[:8]
+    ids = {name: f"cli-{name}-{suffix}" for name in ("commit", "stale", "done", "never", "lost")}
+    txns = killed_producer(
+        topic, 2,
+        ("prepared", ids["commit"], 4),
+        ("stale", ids["stale"], 3),
+        ("committed", ids["done"], 2),
+        ("prepared", ids["lost"], 2, lost_topic),
+    )
+    terminated = kafka_cli("force-terminate", ids["lost"], "--yes")
+    assert terminated.returncode == 0, terminated
+    store(db_url, {
+        ids["commit"]: txns[ids["commit"]].states[0],
+        ids["stale"]: txns[ids["stale"]].states[0],  # transaction 1's state; transaction 2 is open
+        ids["done"]: txns[ids["done"]].states[0],
+        ids["never"]: None,
+        ids["lost"]: txns[ids["lost"]].states[0],
+    })
+    expected_decisions = {
+        ids["commit"]: "commit", ids["stale"]: "abort", ids["done"]: "nothing", ids["never"]: "nothing",
+        ids["lost"]: "nothing",
+    }
+
+    # -- in-doubt: the decisions, the Kafka view, the heuristic; nothing changes
+    in_doubt = kafka_cli("in-doubt", "--db-url", db_url, "-o", "json")
+    assert in_doubt.returncode == ExitCode.HEURISTIC, in_doubt
+    report = in_doubt.json()
+    documented_shape(report, "report")
+    entries = {e["transactional_id"]: e for e in report["entries"]}
+    assert {tid: e["decision"] for tid, e in entries.items()} == expected_decisions
+    assert {tid for tid, e in entries.items() if e["heuristic"]} == {ids["lost"]}
+    assert entries[ids["commit"]]["kafka_state"] == entries[ids["stale"]]["kafka_state"] == "Ongoing"
+    assert entries[ids["commit"]]["open_for_ms"] >= 0 and entries[ids["commit"]]["stored_outcome"] == "ongoing"
+    assert entries[ids["never"]]["kafka_state"] is None and entries[ids["never"]]["stored_state"] is None
+    assert entries[ids["lost"]]["stored_outcome"] == "aborted"
+    assert report["summary"] == {"rows": 5, "commit": 1, "abort": 1, "nothing": 3, "heuristic": 1, "errors": 0}
+    assert "postgres:postgres@" not in in_doubt.stdout  # the password is never printed
+    table = kafka_cli("in-doubt", "--db-url", db_url)
+    assert table.returncode == ExitCode.HEURISTIC and "nothing + HEURISTIC" in table.stdout, table
+
+    # -- recover --dry-run changes nothing (describe before/after)
+    def describe(tid: str) -> dict[str, Any]:
+        run = kafka_cli("describe", tid, "-o", "json")
+        assert run.returncode == 0, run
+        return dict(run.json()["transaction"], open_for_ms=None)
+
+    before = {tid: describe(ids[tid]) for tid in ("commit", "stale")}
+    dry = kafka_cli("recover", "--db-url", db_url, "--dry-run", "-o", "json")
+    assert dry.returncode == ExitCode.HEURISTIC, dry
+    documented_shape(dry.json(), "report")
+    assert dry.json()["dry_run"] is True and dry.json()["command"] == "recover"
+    assert {e["transactional_id"]: e["decision"] for e in dry.json()["entries"]} == expected_decisions
+    assert all(e["outcome"] is None for e in dry.json()["entries"])
+    assert {tid: describe(ids[tid]) for tid in ("commit", "stale")} == before
+    assert all(b["state"] == "Ongoing" for b in before.values())
+    assert sum(end_offsets(kafka_bootstrap, topic, "read_committed").values()) == 0
+
+    # -- recover settles every row; the heuristic outcome is reported in the exit code
+    recovered = kafka_cli("recover", "--db-url", db_url, "-o", "json")
+    assert recovered.returncode == ExitCode.HEURISTIC, recovered
+    documented_shape(recovered.json(), "report")
+    outcomes = {e["transactional_id"]: (e["decision"], e["outcome"]) for e in recovered.json()["entries"]}
+    assert outcomes == {
+        ids["commit"]: ("commit", "committed"),
+        ids["stale"]: ("abort", "committed"),  # its open transaction 2 aborted; the stored transaction 1 committed
+        ids["done"]: ("nothing", "committed"),
+        ids["never"]: ("nothing", "none"),
+        ids["lost"]: ("nothing", "aborted"),
+    }
+
+    # Kafka agrees: exactly the transactions the database committed are visible, nothing hangs.
+    visible = {(r.partition, r.offset) for r in drain(kafka_bootstrap, topic, "read_committed")}
+    assert visible == (
+        txns[ids["commit"]].offsets(0) | txns[ids["stale"]].offsets(0) | txns[ids["done"]].offsets(0)
+    )
+    assert drain(kafka_bootstrap, lost_topic, "read_committed") == []
+    for name in (topic, lost_topic):
+        assert end_offsets(kafka_bootstrap, name, "read_committed") == end_offsets(kafka_bootstrap, name)
+    for tid in ("commit", "stale"):
+        after = describe(ids[tid])
+        assert after["state"] in ("CompleteCommit", "CompleteAbort", "Empty")
+        assert after["producer_epoch"] > before[tid]["producer_epoch"]  # fenced
+
+    # Idempotent: a second run finds nothing open; the heuristic stays reported.
+    again = kafka_cli("recover", "--db-url", db_url)
+    assert again.returncode == ExitCode.HEURISTIC, again
+    assert "settled: commit 0, abort 0, leave 5; 1 heuristic, 0 errors" in again.stdout
