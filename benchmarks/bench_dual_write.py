@@ -1,0 +1,232 @@
+"""Throughput of the dual-write recipe against a non-atomic dual write, on PostgreSQL.
+
+Both sides do the same work per transaction: insert N rows and produce N
+records (1 and 10 per transaction).  The baseline is what applications do
+without the recipe: a database transaction and a plain confluent-kafka
+transaction, committed one after the other, with nothing tying them together.
+The recipe adds the state row lock (one upsert), the prepare and the state
+update.  Rounds of the two are interleaved so that drift of the shared
+machine hits both alike; the ratio of the medians is reported.
+
+Run::
+
+    python benchmarks/bench_dual_write.py [--rounds 5] [--seconds 3]
+
+Kafka: ``$KAFKA_BOOTSTRAP_SERVERS`` or the local broker (started if needed).
+PostgreSQL: ``$KAFKA2PC_PG_ADMIN_URL`` (a fresh database is created and dropped).
+Results are printed and recorded under "## Dual write" in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import sqlalchemy as sa
+from confluent_kafka import Producer
+from kafka2pc.recipes.dual_write import DualWriter, state_table
+
+from kafka2pc.testing import create_topic
+from kafka2pc.testing.postgres import fresh_database
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+HEADING = "## Dual write"
+
+
+def _bootstrap() -> str:
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    from kafka2pc.testing.broker import LocalKafka
+
+    return LocalKafka.up().bootstrap_servers
+
+
+class Lane:
+    """One writer's resources: a DualWriter and a plain transactional producer, each with its connection.
+
+    With several lanes, each runs in its own thread under its own
+    transactional id, as a service with one writer per shard would.
+    """
+
+    def __init__(self, engine: sa.Engine, bootstrap: str, name: str) -> None:
+        self.writer = DualWriter(
+            engine, {"bootstrap.servers": bootstrap, "transactional.id": f"bench-dw-{name}"},
+            state_table=state_table(sa.MetaData()),
+        )
+        self.writer.recover()
+        self.plain = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"bench-plain-{name}"})
+        self.plain.init_transactions()
+        self.recipe_conn = engine.connect()
+        self.plain_conn = engine.connect()
+
+    def recipe(self, orders: sa.Table, topic: str, keys: list[str]) -> None:
+        # Same order on both sides: produce, then write the rows (Kafka's round trips
+        # overlap the database work), then commit.
+        with self.writer.transaction(self.recipe_conn) as tx:
+            for k in keys:
+                tx.produce(topic, value=PAYLOAD, key=k)
+            self.recipe_conn.execute(orders.insert(), [{"id": k, "payload": PAYLOAD} for k in keys])
+
+    def baseline(self, orders: sa.Table, topic: str, keys: list[str]) -> None:
+        self.plain_conn.begin()
+        self.plain.begin_transaction()
+        for k in keys:
+            self.plain.produce(topic, value=PAYLOAD, key=k)
+        self.plain_conn.execute(orders.insert(), [{"id": k, "payload": PAYLOAD} for k in keys])
+        self.plain_conn.commit()
+        self.plain.commit_transaction()
+
+    def close(self) -> None:
+        self.writer.close()
+        self.recipe_conn.close()
+        self.plain_conn.close()
+
+
+PAYLOAD = "x" * 180
+
+
+def _measure(
+    lanes: list[Lane], mode: str, orders: sa.Table, topic: str, size: int, seconds: float, tag: str
+) -> float:
+    """All lanes run ``mode`` transactions concurrently for ``seconds``; total transactions per second."""
+    counts = [0] * len(lanes)
+    barrier = threading.Barrier(len(lanes) + 1)
+    stop = threading.Event()
+
+    def lane_loop(index: int) -> None:
+        lane = lanes[index]
+        step = lane.recipe if mode == "recipe" else lane.baseline
+        barrier.wait()
+        n = 0
+        while not stop.is_set():
+            step(orders, topic, [f"{tag}-{index}-{n}-{j}" for j in range(size)])
+            n += 1
+        counts[index] = n
+
+    threads = [threading.Thread(target=lane_loop, args=(i,)) for i in range(len(lanes))]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - start)
+
+
+def run(rounds: int, seconds: float, sizes: list[int], writer_counts: list[int]) -> list[dict[str, float]]:
+    bootstrap = _bootstrap()
+    results = []
+    with fresh_database() as url:
+        engine = sa.create_engine(url, pool_size=2 * max(writer_counts) + 2)
+        metadata = sa.MetaData()
+        state_table(metadata)
+        orders = sa.Table(
+            "bench_orders", metadata,
+            sa.Column("id", sa.String(80), primary_key=True), sa.Column("payload", sa.String(200)),
+        )
+        metadata.create_all(engine)
+        topic = create_topic(bootstrap, partitions=3)
+        run_id = uuid.uuid4().hex[:8]
+        lanes = [Lane(engine, bootstrap, f"{run_id}-{i}") for i in range(max(writer_counts))]
+        for writers in writer_counts:
+            for size in sizes:
+                active = lanes[:writers]
+                tag = f"{run_id}-w{writers}-s{size}"
+                _measure(active, "recipe", orders, topic, size, 0.5, f"{tag}-warm-r")  # warm up both
+                _measure(active, "baseline", orders, topic, size, 0.5, f"{tag}-warm-b")
+                rates: dict[str, list[float]] = {"recipe": [], "baseline": []}
+                for r in range(rounds):
+                    order = ["recipe", "baseline"] if r % 2 == 0 else ["baseline", "recipe"]
+                    for mode in order:
+                        rates[mode].append(_measure(active, mode, orders, topic, size, seconds, f"{tag}-{r}-{mode}"))
+                # The ratio of each round's interleaved pair, then the median: drift of the shared
+                # machine between rounds cancels out (as in bench_core.py).
+                ratios = [r / b for r, b in zip(rates["recipe"], rates["baseline"])]
+                results.append({
+                    "writers": writers, "records": size,
+                    "recipe": statistics.median(rates["recipe"]), "baseline": statistics.median(rates["baseline"]),
+                    "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                })
+                print(_table(results[-1:]).splitlines()[-1], flush=True)
+        for lane in lanes:
+            lane.close()
+        engine.dispose()
+    return results
+
+
+def _table(results: list[dict[str, float]]) -> str:
+    lines = [
+        "| writers | records/txn | recipe txn/s | non-atomic txn/s | ratio (median) | ratio min..max |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {int(r['writers'])} | {int(r['records'])} | {r['recipe']:.1f} | {r['baseline']:.1f} "
+            f"| {r['ratio']:.2f}x | {r['ratio_min']:.2f}..{r['ratio_max']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def _record(results: list[dict[str, float]], rounds: int, seconds: float) -> None:
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    section = (
+        f"{HEADING}\n\n"
+        "`python benchmarks/bench_dual_write.py`: transactions per second of the dual-write recipe "
+        "(`kafka2pc.recipes.dual_write.DualWriter`: state row lock, prepare, state update, 2PC commit order) "
+        "against a non-atomic dual write (same rows in a PostgreSQL transaction plus a plain confluent-kafka "
+        "transaction, committed one after the other). "
+        f"{rounds} interleaved rounds of {seconds:g} s per variant; txn/s are medians, the ratio is the median of "
+        "the per-round ratios. Goal: ratio >= 0.9.\n\n"
+        f"{_table(results)}\n\n"
+        f"Measured {when} on {platform.machine()}, {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} "
+        f"at the end), Python {platform.python_version()}, local single-node Kafka and PostgreSQL on the same "
+        "machine.\n\n"
+        f"{'Goal met.' if min(r['ratio'] for r in results) >= 0.9 else 'Goal not met.'} Where the time goes "
+        "(per-step timings via `on_step`): the recipe's extra cost is not in Kafka (the core benchmark above "
+        "shows prepare + commit as fast as a plain commit) but in the order 2PC imposes. The non-atomic write "
+        "commits the database while librdkafka's AddPartitionsToTxn and Produce round trips are still in "
+        "flight; the recipe must wait for the prepare (those round trips) before it may store the state and "
+        "commit the database, and it adds two statements (`SELECT .. FOR UPDATE` of the state row, `UPDATE` "
+        "of the state). That is a fixed ~3 round trips of latency per transaction: it weighs most on one writer "
+        "with one record per transaction, and in proportion to round-trip times, which a loaded 2-core machine "
+        "running Kafka, PostgreSQL and the benchmark inflates several-fold.\n"
+    )
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    if HEADING in text:
+        # Replace this benchmark's own earlier section, keep everything else (other sections) as is.
+        start = text.index(HEADING)
+        end = text.find("\n## ", start + len(HEADING))
+        text = text[:start] + section + ("\n" + text[end + 1:] if end != -1 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    RESULTS.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=1.5)
+    parser.add_argument("--sizes", default="1,10", help="records per transaction, comma-separated")
+    parser.add_argument("--writers", default="1,4", help="concurrent writers (threads, one transactional id each)")
+    parser.add_argument("--no-record", action="store_true", help="do not write benchmarks/RESULTS.md")
+    args = parser.parse_args()
+    results = run(
+        args.rounds, args.seconds, [int(s) for s in args.sizes.split(",")], [int(w) for w in args.writers.split(",")]
+    )
+    print(_table(results))
+    if not args.no_record:
+        _record(results, args.rounds, args.seconds)
+        print(f"recorded in {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Crash-test worker for the dual-write recipe: a zygote that forks one short-lived child per run.
+
+Why a zygote: a crash matrix needs hundreds of processes, and starting
+Python plus importing SQLAlchemy, confluent-kafka and kafka-python costs
+~0.6 s each.  The zygote imports them once, single-threaded (no librdkafka or
+kafka-python thread exists in it, so ``fork`` is safe), then forks a fresh
+child per job.  Each child is a real process: it recovers, runs its
+transactions through :class:`DualWriter` and kills itself with SIGKILL at the
+chosen :class:`Step` (``on_step`` hook); the zygote reports how it died.
+
+Protocol (JSON lines): the parent writes a job to the zygote's stdin and
+reads ``{"pid": ..., "exit": <code or -signal>}`` back.  Children append
+their observations (the recovery result) to ``job["results"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+
+def items_table(metadata: sa.MetaData) -> sa.Table:
+    """The application table of the crash tests: one row per produced record."""
+    return sa.Table(
+        "dw_items",
+        metadata,
+        sa.Column("id", sa.String(100), primary_key=True),
+        sa.Column("series", sa.String(64), nullable=False, index=True),
+    )
+
+
+def check_consistency(engine: sa.Engine, bootstrap: str, topic: str, series: str) -> tuple[int, int, list[str]]:
+    """Rows of ``series`` vs ``read_committed`` records of ``topic``: ``(rows, records, problems)``.
+
+    The invariant of the recipe: every committed row has exactly one visible
+    record and vice versa, and no transaction is left open on the topic.
+    """
+    from collections import Counter
+
+    from kafka2pc.testing import drain, end_offsets
+
+    items = items_table(sa.MetaData())
+    with engine.connect() as conn:
+        rows = set(conn.execute(sa.select(items.c.id).where(items.c.series == series)).scalars())
+    records = Counter(r.value.decode() for r in drain(bootstrap, topic, "read_committed") if r.value)
+    problems = []
+    duplicates = sorted(k for k, n in records.items() if n > 1)
+    if duplicates:
+        problems.append(f"duplicated records: {duplicates[:5]}")
+    lost = sorted(rows - set(records))
+    if lost:
+        problems.append(f"committed rows without a record: {lost[:5]} ({len(lost)})")
+    phantom = sorted(set(records) - rows)
+    if phantom:
+        problems.append(f"records without a committed row: {phantom[:5]} ({len(phantom)})")
+    rc, ru = end_offsets(bootstrap, topic, "read_committed"), end_offsets(bootstrap, topic, "read_uncommitted")
+    if rc != ru:
+        problems.append(f"transaction left hanging: read_committed end {rc} != read_uncommitted end {ru}")
+    return len(rows), sum(records.values()), problems
+
+
+def _kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _append(path: str, record: dict[str, Any]) -> None:
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def run_job(job: dict[str, Any]) -> None:
+    """Run one crash job in this (forked) process; normally it ends with SIGKILL."""
+    from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
+
+    engine = sa.create_engine(job["db_url"], poolclass=sa.pool.NullPool)
+    metadata = sa.MetaData()
+    states = state_table(metadata)
+    items = items_table(metadata)
+    phase = {"name": "recover", "txn": -1, "racing": False}
+    point = job.get("point")
+    crash_txn = job.get("crash_txn", -1)
+    rng = random.Random(job.get("seed", 0))
+
+    def hook(step: Step) -> None:
+        if phase["name"] == "recover":
+            if step.value == job.get("recovery_point"):
+                _kill_self()
+            return
+        if phase["racing"] and step is Step.DB_COMMITTED:
+            time.sleep(2.0)  # the killer thread fires during this wait at the latest
+            _kill_self()
+        if phase["txn"] != crash_txn or step.value != point:
+            return
+        if step is Step.DB_COMMITTING:
+            # "COMMIT sent, reply not received": die somewhere between 10 us and 30 ms into
+            # the COMMIT (log-uniform), so that both outcomes occur on fast and slow databases.
+            phase["racing"] = True
+            threading.Timer(10 ** rng.uniform(-5.0, -1.5), _kill_self).start()
+            return
+        _kill_self()
+
+    config = {"bootstrap.servers": job["bootstrap"], "transactional.id": job["tid"]}
+    config.update(job.get("producer_config", {}))
+    writer = DualWriter(
+        engine, config, state_table=states, on_step=hook, retain_records=job.get("retain", False)
+    )
+    if job.get("recovery_kill_after_s") is not None:
+        threading.Timer(job["recovery_kill_after_s"], _kill_self).start()
+    result = writer.recover(raise_on_heuristic=False)
+    settlement = result.settlement
+    _append(
+        job["results"],
+        {
+            "run": job["run"],
+            "decision": settlement.plan.decision.value if settlement else None,
+            "outcome": settlement.outcome.value if settlement else None,
+            "heuristic": result.heuristic,
+            "republished": result.republished,
+        },
+    )
+    if job.get("recover_only"):
+        if job.get("hang_after"):
+            _kill_self()
+        return
+    phase["name"] = "work"
+    if job.get("mode") == "ctp":
+        _consume_transform_produce(job, engine, items, writer, phase)
+        return
+    topic = job["topic"]
+    for j in range(job.get("transactions", 2)):
+        phase["txn"] = j
+        with engine.connect() as conn, writer.transaction(conn) as tx:
+            for m in range(job.get("records", 2)):
+                rid = f"{job['series']}:{job['run']}-{j}-{m}"
+                conn.execute(items.insert().values(id=rid, series=job["series"]))
+                tx.produce(topic, value=rid.encode(), key=rid.encode())
+    if job.get("hang_after"):
+        _kill_self()
+
+
+def _consume_transform_produce(
+    job: dict[str, Any], engine: sa.Engine, items: sa.Table, writer: Any, phase: dict[str, Any]
+) -> None:
+    """Exactly once from ``job["input"]`` into the database and ``job["topic"]``, in batches.
+
+    Consumer offsets travel in the same two-phase transaction as the rows and
+    the output records, so a restart resumes exactly where the last committed
+    transaction left off.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({
+        "bootstrap.servers": job["bootstrap"], "group.id": job["group"], "isolation.level": "read_committed",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": False,
+    })
+    consumer.assign([TopicPartition(job["input"], 0)])
+    batch = 0
+    try:
+        while True:
+            position = consumer.position([TopicPartition(job["input"], 0)])[0].offset
+            if position >= job["input_count"]:
+                return
+            messages = [m for m in consumer.consume(num_messages=job.get("batch", 5), timeout=1.0) if not m.error()]
+            if not messages:
+                continue
+            phase["txn"] = batch
+            with engine.connect() as conn, writer.transaction(conn) as tx:
+                for m in messages:
+                    rid = m.value().decode()
+                    conn.execute(items.insert().values(id=rid, series=job["series"]))
+                    tx.produce(job["topic"], value=rid.encode(), key=m.key())
+                tx.send_consumer_offsets(consumer)
+            batch += 1
+    finally:
+        consumer.close()
+
+
+def zygote() -> None:
+    """Read jobs from stdin, fork a child per job, report each child's end on stdout."""
+    # Imported once here, before any thread exists; every forked child inherits them.
+    import confluent_kafka
+    import confluent_kafka.admin  # noqa: F401
+    import kafka  # noqa: F401
+    import kafka2pc.recipes.dual_write
+    import sqlalchemy.dialects.postgresql
+    import sqlalchemy.dialects.sqlite  # noqa: F401
+
+    import kafka2pc._producer
+    import kafka2pc._recovery  # noqa: F401
+
+    out = sys.stdout
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(2, 1)  # keep the protocol channel clean
+            code = 0
+            try:
+                run_job(job)
+            except BaseException as exc:  # noqa: BLE001 - reported through the exit code
+                import traceback
+
+                traceback.print_exc()
+                sys.stderr.write(f"job {job.get('run')} failed: {exc!r}\n")
+                code = 3
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        out.write(json.dumps({"pid": pid, "exit": code}) + "\n")
+        out.flush()
+
+
+class Zygote:
+    """The parent's handle on one zygote process."""
+
+    def __init__(self, log_path: Path) -> None:
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            bufsize=1,
+        )
+        ready = self._read(timeout=60)
+        if ready != "ready":
+            raise RuntimeError(f"zygote did not start: {ready!r} (see {log_path})")
+
+    def _read(self, timeout: float) -> str:
+        assert self._proc.stdout is not None
+        result: list[str] = []
+        reader = threading.Thread(target=lambda: result.append(self._proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(timeout)
+        if not result:
+            self._proc.kill()
+            raise TimeoutError(f"zygote gave no answer in {timeout}s")
+        return result[0].strip()
+
+    def run(self, job: dict[str, Any], timeout: float = 120.0) -> int:
+        """Run ``job`` in a fresh child; return its exit code (``-9`` when it killed itself)."""
+        assert self._proc.stdin is not None
+        self._proc.stdin.write(json.dumps(job) + "\n")
+        self._proc.stdin.flush()
+        answer = json.loads(self._read(timeout))
+        return int(answer["exit"])
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(10)
+        self._log.close()
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--zygote"]:
+    zygote()

@@ -1,0 +1,610 @@
+"""The dual-write recipe in one process: normal path, rollback, locking, unknown COMMIT outcomes, metrics.
+
+Real broker, real PostgreSQL and SQLite.  Process crashes are in
+``test_dual_write_crash.py``; broker restarts in ``test_dual_write_broker.py``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from _dw_crash import Zygote, check_consistency, items_table
+from kafka2pc.recipes.dual_write import (
+    DualWriteMetrics,
+    DualWriter,
+    Step,
+    outbox_table,
+    recover_all,
+    state_table,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from kafka2pc import (
+    IndefiniteOutcomeError,
+    Kafka2pcError,
+    PreparedTxnState,
+    ProducerFencedError,
+)
+from kafka2pc.testing import create_topic, drain, end_offsets
+
+
+class Hook:
+    """An ``on_step`` callback whose behaviour a test switches on and off (``hook.fn = ...``)."""
+
+    def __init__(self) -> None:
+        self.fn: Any = None
+
+    def __call__(self, step: Step) -> None:
+        if self.fn is not None:
+            self.fn(step)
+
+
+@dataclass
+class Env:
+    engine: sa.Engine
+    bootstrap: str
+    topic: str
+    series: str
+    states: sa.Table
+    items: sa.Table
+    outbox: sa.Table
+
+    def writer(self, tid: str | None = None, **kwargs: Any) -> DualWriter:
+        config = {"bootstrap.servers": self.bootstrap, "transactional.id": tid or f"dw-{self.series}"}
+        return DualWriter(self.engine, config, state_table=self.states, outbox_table=self.outbox, **kwargs)
+
+    def write(self, writer: DualWriter, conn: sa.Connection | Session, tx: Any, rid: str) -> None:
+        """One row and its record; ids carry the series so that tests can share a database."""
+        full = f"{self.series}:{rid}"
+        conn.execute(self.items.insert().values(id=full, series=self.series))
+        tx.produce(self.topic, value=full.encode(), key=full.encode())
+
+    def commit_one(self, writer: DualWriter, rid: str) -> None:
+        with self.engine.connect() as conn, writer.transaction(conn) as tx:
+            self.write(writer, conn, tx, rid)
+
+    def rows(self) -> set[str]:
+        with self.engine.connect() as conn:
+            ids = conn.execute(sa.select(self.items.c.id).where(self.items.c.series == self.series)).scalars()
+            return {i.split(":", 1)[1] for i in ids}
+
+    def records(self) -> list[str]:
+        return [r.value.decode().split(":", 1)[1] for r in drain(self.bootstrap, self.topic) if r.value]
+
+    def assert_consistent(self) -> None:
+        _, _, problems = check_consistency(self.engine, self.bootstrap, self.topic, self.series)
+        assert not problems, problems
+
+
+def _env(url: str, bootstrap: str) -> Env:
+    engine = sa.create_engine(url)
+    metadata = sa.MetaData()
+    env = Env(engine, bootstrap, create_topic(bootstrap), uuid.uuid4().hex[:10], state_table(metadata),
+              items_table(metadata), outbox_table(metadata))
+    metadata.create_all(engine)
+    return env
+
+
+@pytest.fixture
+def env(db_url: str, kafka_bootstrap: str) -> Iterator[Env]:
+    e = _env(db_url, kafka_bootstrap)
+    yield e
+    e.engine.dispose()
+
+
+@pytest.fixture
+def pg_env(pg_url: str, kafka_bootstrap: str) -> Iterator[Env]:
+    e = _env(pg_url, kafka_bootstrap)
+    yield e
+    e.engine.dispose()
+
+
+# -- schema ---------------------------------------------------------------------------
+
+
+def test_state_table_has_the_documented_shape_and_a_configurable_name(db_url: str) -> None:
+    metadata = sa.MetaData()
+    table = state_table(metadata, "orders_kafka_state")
+    assert state_table(metadata, "orders_kafka_state") is table  # idempotent on one MetaData
+    engine = sa.create_engine(db_url)
+    metadata.create_all(engine)
+    columns = {c["name"]: c for c in sa.inspect(engine).get_columns("orders_kafka_state")}
+    assert list(columns) == ["transactional_id", "prepared_txn_state", "updated_at"]
+    assert columns["transactional_id"]["type"].length == 255 and not columns["transactional_id"]["nullable"]
+    assert columns["prepared_txn_state"]["type"].length == 255 and columns["prepared_txn_state"]["nullable"]
+    assert isinstance(columns["updated_at"]["type"], (sa.TIMESTAMP, sa.DateTime))
+    assert sa.inspect(engine).get_pk_constraint("orders_kafka_state")["constrained_columns"] == ["transactional_id"]
+    engine.dispose()
+
+
+# -- normal path --------------------------------------------------------------------------
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class Order(_Base):
+    __tablename__ = "dw_orders"
+    id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    series: Mapped[str] = mapped_column(sa.String(64))
+
+
+def test_connection_and_session_commit_both_sides_and_store_the_state(env: Env) -> None:
+    _Base.metadata.create_all(env.engine)
+    writer = env.writer()
+    first = writer.recover()
+    assert first.settlement is not None and first.settlement.plan.decision.value == "nothing"
+    assert first.stored_state.is_empty
+
+    with env.engine.connect() as conn:  # Connection, autobegun
+        with writer.transaction(conn) as tx:
+            env.write(writer, conn, tx, "c-1")
+        assert tx.prepared_state is not None and not tx.prepared_state.is_empty
+    with Session(env.engine) as session:  # ORM Session: rows flushed before prepare
+        with writer.transaction(session) as tx:
+            session.add(Order(id=f"{env.series}:o-1", series=env.series))
+            env.write(writer, session, tx, "s-1")
+        assert session.get(Order, f"{env.series}:o-1") is not None
+
+    with env.engine.connect() as conn:
+        stored = conn.execute(sa.select(env.states).where(env.states.c.transactional_id == writer.transactional_id)).one()
+    assert PreparedTxnState(stored.prepared_txn_state) == tx.prepared_state  # the last transaction's state
+    assert stored.updated_at is not None
+    assert sorted(env.records()) == ["c-1", "s-1"]
+    env.assert_consistent()
+    assert writer.metrics().transactions_committed == 2
+    writer.close()
+
+
+def test_an_exception_before_the_database_commit_rolls_back_both(env: Env) -> None:
+    control = Hook()
+    writer = env.writer(on_step=control)
+    writer.recover()
+    env.commit_one(writer, "kept")
+    for failing_step in (None, Step.PREPARED, Step.STATE_STORED, Step.DB_COMMITTING):
+        def hook(step: Step, failing_step: Step | None = failing_step) -> None:
+            if step is failing_step:
+                raise RuntimeError(f"injected at {step.value}")
+
+        control.fn = hook
+        with pytest.raises(RuntimeError), env.engine.connect() as conn, writer.transaction(conn) as tx:
+            env.write(writer, conn, tx, f"lost-{failing_step}")
+            if failing_step is None:
+                raise RuntimeError("application error")
+    control.fn = None
+    env.commit_one(writer, "kept-2")  # the writer is still usable
+    assert env.rows() == {"kept", "kept-2"}
+    assert sorted(env.records()) == ["kept", "kept-2"]
+    env.assert_consistent()
+    assert writer.metrics().transactions_rolled_back == 4
+    writer.close()
+
+
+def test_recovery_commits_a_transaction_left_prepared_after_the_database_commit(env: Env) -> None:
+    """A writer that stops between the two commits (here: the step hook raises) leaves a prepared transaction."""
+
+    class Stop(BaseException):
+        pass
+
+    def stop_after_db_commit(step: Step) -> None:
+        if step is Step.DB_COMMITTED:
+            raise Stop
+
+    writer = env.writer(on_step=stop_after_db_commit)
+    writer.recover()
+    with pytest.raises(Stop):
+        env.commit_one(writer, "in-doubt")
+    assert env.rows() == {"in-doubt"} and env.records() == []  # the database committed, Kafka not yet
+    assert end_offsets(env.bootstrap, env.topic, "read_committed") != end_offsets(env.bootstrap, env.topic)
+    writer.close()
+
+    again = env.writer()
+    result = again.recover()
+    assert result.settlement is not None and result.settlement.plan.decision.value == "commit"
+    assert env.records() == ["in-doubt"]
+    second = again.recover()  # idempotent
+    assert second.settlement is not None and second.settlement.plan.decision.value == "nothing"
+    assert second.settlement.outcome.value == "committed"
+    env.assert_consistent()
+    again.close()
+
+
+def test_recover_all_settles_many_transactional_ids_in_parallel(pg_env: Env) -> None:
+    class Stop(BaseException):
+        pass
+
+    def stop(step: Step) -> None:
+        if step is Step.DB_COMMITTED:
+            raise Stop
+
+    tids = [f"dw-{pg_env.series}-shard-{i}" for i in range(4)]
+    for i, tid in enumerate(tids):
+        writer = pg_env.writer(tid, on_step=stop if i % 2 == 0 else None)
+        writer.recover()
+        try:
+            pg_env.commit_one(writer, f"shard-{i}")
+        except Stop:
+            pass
+        writer.close()
+    writers = [pg_env.writer(tid) for tid in tids]
+    results = recover_all(writers)
+    assert sorted(results) == sorted(tids)
+    decisions = [results[tid].settlement.plan.decision.value for tid in tids]  # type: ignore[union-attr]
+    assert decisions == ["commit", "nothing", "commit", "nothing"]
+    assert all(r.error is None and not r.heuristic for r in results.values())
+    assert sorted(pg_env.records()) == [f"shard-{i}" for i in range(4)]
+    pg_env.assert_consistent()
+    snapshot = DualWriteMetrics.aggregate(w.metrics() for w in writers)
+    assert snapshot.writers == 4 and snapshot.recoveries == 4 and snapshot.in_doubt_transactions == 0
+    for w in writers:
+        w.close()
+
+
+# -- two instances, one transactional id ------------------------------------------------------
+
+
+@pytest.mark.parametrize("second_settles_first", [False, True], ids=["first-commits", "second-commits"])
+def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
+    env: Env, second_settles_first: bool
+) -> None:
+    """The KIP's split brain: the state row lock serializes them, Kafka's epoch fences the older one.
+
+    The second instance's recovery blocks on the row lock while the first is in
+    a transaction, then settles that transaction from the state the first
+    committed: either the first's own Kafka commit got there first
+    ("first-commits": recovery finds nothing open), or the second commits it
+    and the first's Kafka commit is fenced ("second-commits": the first sees
+    the outcome is committed and returns normally).  Either way the first is
+    fenced afterwards and its next transaction changes nothing.
+    """
+    recovered = threading.Event()
+
+    def first_waits_for_second(step: Step) -> None:
+        if second_settles_first and step is Step.DB_COMMITTED:
+            assert recovered.wait(30)  # the second recovers between our two commits
+
+    control = Hook()
+    first = env.writer(on_step=control)
+    first.recover()
+    env.commit_one(first, "a-1")
+    control.fn = first_waits_for_second
+    in_body, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def first_holds_a_transaction() -> None:
+        try:
+            with env.engine.connect() as conn, first.transaction(conn) as tx:
+                env.write(first, conn, tx, "a-2")
+                in_body.set()
+                release.wait(10)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    holder = threading.Thread(target=first_holds_a_transaction)
+    holder.start()
+    assert in_body.wait(10)
+    second_engine = sa.create_engine(env.engine.url)
+    second = DualWriter(
+        second_engine, {"bootstrap.servers": env.bootstrap, "transactional.id": first.transactional_id},
+        state_table=env.states,
+    )
+    results: list[Any] = []
+    recovery = threading.Thread(target=lambda: (results.append(second.recover()), recovered.set()))
+    recovery.start()
+    # The second instance's recovery waits for the state row lock the first one holds.
+    assert not recovered.wait(1.5)
+    release.set()
+    holder.join(60)
+    recovery.join(60)
+    assert recovered.is_set() and not errors  # the first one's transaction committed normally
+    decision = results[0].settlement.plan.decision.value
+    if second_settles_first:
+        assert decision == "commit" and first.fenced  # fenced during its Kafka commit, outcome read back
+    else:
+        assert decision == "nothing"
+    assert env.records() == ["a-1", "a-2"]
+
+    # The second instance fenced the first: its next transaction fails and changes nothing.
+    with pytest.raises(ProducerFencedError):
+        env.commit_one(first, "a-3")
+    assert first.fenced
+    env.commit_one(second, "b-1")
+    with pytest.raises(ProducerFencedError):
+        env.commit_one(first, "a-4")
+    assert env.rows() == {"a-1", "a-2", "b-1"}
+    env.assert_consistent()
+    first.close()
+    second.close()
+    second_engine.dispose()
+
+
+def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str) -> None:
+    """With a lock timeout (PostgreSQL: lock_timeout_ms; SQLite: the driver's busy timeout) it does not wait."""
+    first = env.writer()
+    first.recover()
+    sqlite = db_url.startswith("sqlite")
+    impatient_engine = sa.create_engine(db_url, connect_args={"timeout": 0.3} if sqlite else {})
+    second = DualWriter(
+        impatient_engine, {"bootstrap.servers": env.bootstrap, "transactional.id": first.transactional_id},
+        state_table=env.states, lock_timeout_ms=None if sqlite else 300,
+    )
+    with env.engine.connect() as conn, first.transaction(conn) as tx:
+        env.write(first, conn, tx, "held")
+        started = time.monotonic()
+        with pytest.raises(sa.exc.OperationalError, match="lock"):
+            second.recover()
+        assert time.monotonic() - started < 5
+        assert second.producer is None  # it stopped before creating a producer: nothing fenced
+    assert env.records() == ["held"]  # the first instance was not disturbed
+    env.assert_consistent()
+    first.close()
+    second.close()
+    impatient_engine.dispose()
+
+
+def test_a_writer_whose_state_row_was_changed_by_another_instance_stops(env: Env) -> None:
+    """Even before Kafka tells it, a writer sees a foreign state in the locked row and stops."""
+    first, second = env.writer(), env.writer()
+    first.recover()
+    env.commit_one(first, "a-1")
+    second.recover()
+    env.commit_one(second, "b-1")
+    with pytest.raises(ProducerFencedError, match="another instance wrote"):
+        env.commit_one(first, "a-2")
+    assert env.rows() == {"a-1", "b-1"}
+    env.assert_consistent()
+    first.close()
+    second.close()
+
+
+# -- consume-transform-produce ------------------------------------------------------------------
+
+
+def test_consume_transform_produce_is_exactly_once_across_crashes(
+    db_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Input topic -> rows + output topic, offsets in the same 2PC transaction; children killed mid-way."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    env = _env(db_url, kafka_bootstrap)
+    source = create_topic(kafka_bootstrap)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(40):
+        producer.produce(source, value=f"{env.series}:in-{i}".encode(), key=str(i).encode())
+    producer.flush(30)
+    group = f"dw-ctp-{env.series}"
+    job = {"mode": "ctp", "db_url": db_url, "bootstrap": kafka_bootstrap, "tid": f"dw-{env.series}",
+           "topic": env.topic, "input": source, "input_count": 40, "group": group, "series": env.series,
+           "results": str(tmp_path / "ctp.jsonl"), "batch": 4}
+    zygote = Zygote(tmp_path / "zygote.log")
+    try:
+        for run, (point, batch) in enumerate(
+            [("db_committed", 2), ("prepared", 1), ("db_committing", 2), ("kafka_committed", 0), ("state_stored", 1)]
+        ):
+            assert zygote.run({**job, "run": run, "point": point, "crash_txn": batch}) == -9, point
+        assert zygote.run({**job, "run": 99}) == 0  # the last one runs to the end of the input
+    finally:
+        zygote.close()
+    expected = {f"in-{i}" for i in range(40)}
+    assert env.rows() == expected
+    assert sorted(env.records()) == sorted(expected)  # each exactly once
+    env.assert_consistent()
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    committed = consumer.committed([TopicPartition(source, 0)], timeout=10)
+    consumer.close()
+    assert committed[0].offset == 40
+    env.engine.dispose()
+
+
+# -- the database connection dies during COMMIT ---------------------------------------------------
+
+
+def test_postgres_backend_terminated_at_commit_aborts_kafka(pg_env: Env, pg_url: str) -> None:
+    control = Hook()
+    writer = pg_env.writer(on_step=control)
+    writer.recover()
+    pg_env.commit_one(writer, "before")
+    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    backend = {}
+
+    def terminate(step: Step) -> None:
+        if step is Step.DB_COMMITTING and "pid" in backend:
+            with admin.connect() as conn:
+                assert conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": backend["pid"]}).scalar()
+                for _ in range(100):  # gone before the COMMIT is sent
+                    if conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
+                                    {"p": backend["pid"]}).scalar() == 0:
+                        break
+                    time.sleep(0.02)
+
+    control.fn = terminate
+    with pytest.raises(sa.exc.DBAPIError), pg_env.engine.connect() as conn, writer.transaction(conn) as tx:
+        backend["pid"] = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+        pg_env.write(writer, conn, tx, "terminated")
+    backend.clear()
+    control.fn = None
+    assert pg_env.rows() == {"before"}
+    assert pg_env.records() == ["before"]  # the prepared Kafka transaction was aborted, not left open
+    pg_env.assert_consistent()
+    pg_env.commit_one(writer, "after")
+    assert sorted(pg_env.records()) == ["after", "before"]
+    writer.close()
+    admin.dispose()
+
+
+class CommitReplyDropper:
+    """A TCP proxy to PostgreSQL that can swallow the reply to a COMMIT and cut the connection.
+
+    The server really commits (the proxy waits for its answer) but the client
+    never hears it: the "COMMIT sent, reply lost" case that no exception type
+    can settle, only reading the database again can.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self._upstream = (host, port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.armed = threading.Event()
+        self.refuse = threading.Event()
+        self.dropped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if self.refuse.is_set():
+                client.close()
+                continue
+            server = socket.create_connection(self._upstream)
+            swallow = threading.Event()
+            threading.Thread(target=self._pump_up, args=(client, server, swallow), daemon=True).start()
+            threading.Thread(target=self._pump_down, args=(server, client, swallow), daemon=True).start()
+
+    def _pump_up(self, client: socket.socket, server: socket.socket, swallow: threading.Event) -> None:
+        try:
+            while data := client.recv(65536):
+                if self.armed.is_set() and b"Q\x00\x00\x00\x0bCOMMIT\x00" in data:
+                    self.armed.clear()
+                    swallow.set()
+                server.sendall(data)
+        except OSError:
+            pass
+
+    def _pump_down(self, server: socket.socket, client: socket.socket, swallow: threading.Event) -> None:
+        try:
+            while data := server.recv(65536):
+                if swallow.is_set():  # the server's answer to COMMIT: committed, and never delivered
+                    self.dropped.set()
+                    break
+                client.sendall(data)
+        except OSError:
+            pass
+        for sock in (client, server):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@pytest.mark.parametrize("database_reachable_afterwards", [True, False])
+def test_commit_reply_lost_is_settled_by_reading_the_state_back(
+    pg_url: str, kafka_bootstrap: str, database_reachable_afterwards: bool
+) -> None:
+    real = sa.make_url(pg_url)
+    proxy = CommitReplyDropper(real.host or "127.0.0.1", real.port or 5432)
+    url = real.set(host="127.0.0.1", port=proxy.port, query={"sslmode": "disable"})
+    env = _env(url.render_as_string(hide_password=False), kafka_bootstrap)
+    env.engine.dispose()
+    env.engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    control = Hook()
+    writer = env.writer(on_step=control)
+    writer.recover()
+
+    def on_step(step: Step) -> None:
+        if step is Step.DB_COMMITTING:
+            proxy.armed.set()
+            if not database_reachable_afterwards:
+                proxy.refuse.set()
+
+    control.fn = on_step
+    if database_reachable_afterwards:
+        env.commit_one(writer, "committed-unheard")  # no exception: the state row says it committed
+        assert proxy.dropped.is_set()
+        assert writer.metrics().in_doubt_transactions == 0
+    else:
+        with pytest.raises(IndefiniteOutcomeError) as info:
+            env.commit_one(writer, "committed-unheard")
+        assert proxy.dropped.is_set()
+        assert info.value.state is not None
+        metrics = writer.metrics()
+        assert metrics.in_doubt_transactions == 1 and metrics.oldest_open_transaction_age_s is not None
+        assert env.records() == []  # prepared, held back: nothing guessed
+        control.fn = None
+        proxy.refuse.clear()
+        result = writer.recover()  # the database is back: its state row decides
+        assert result.settlement is not None and result.settlement.plan.decision.value == "commit"
+        assert writer.metrics().in_doubt_transactions == 0
+    control.fn = None
+    assert env.records() == ["committed-unheard"]
+    env.commit_one(writer, "next")
+    env.assert_consistent()
+    writer.close()
+    env.engine.dispose()
+    proxy.close()
+
+
+# -- metrics, retained records ----------------------------------------------------------------
+
+
+def test_metrics_snapshot_reports_the_open_transaction_age(env: Env) -> None:
+    writer = env.writer()
+    writer.recover()
+    assert writer.metrics().oldest_open_transaction_age_s is None
+    with env.engine.connect() as conn, writer.transaction(conn) as tx:
+        env.write(writer, conn, tx, "m-1")
+        time.sleep(0.2)
+        during = writer.metrics()
+    after = writer.metrics()
+    assert during.oldest_open_transaction_age_s is not None and during.oldest_open_transaction_age_s >= 0.2
+    assert after.oldest_open_transaction_age_s is None
+    assert (after.transactions_committed, after.in_doubt_transactions, after.recoveries) == (1, 0, 1)
+    writer.close()
+
+
+def test_retained_records_are_kept_until_kafka_commits_and_then_dropped(env: Env) -> None:
+    writer = env.writer(retain_records=True)
+    writer.recover()
+    with env.engine.connect() as conn, writer.transaction(conn) as tx:
+        env.write(writer, conn, tx, "r-1")
+        extra = f"{env.series}:with-headers"
+        tx.produce(env.topic, value=extra, key=None, headers={"h": b"v"})
+        conn.execute(env.items.insert().values(id=extra, series=env.series))
+
+    def outbox_rows() -> list[Any]:
+        with env.engine.connect() as conn:
+            return conn.execute(
+                sa.select(env.outbox).where(env.outbox.c.transactional_id == writer.transactional_id)
+                .order_by(env.outbox.c.seq)
+            ).all()
+
+    rows = outbox_rows()
+    prefix = env.series.encode() + b":"
+    assert [(r.seq, r.record_value, r.kafka_partition) for r in rows] == [
+        (0, prefix + b"r-1", 0), (1, prefix + b"with-headers", 0)
+    ]
+    assert rows[0].record_key == prefix + b"r-1" and rows[1].record_key is None
+    assert rows[1].headers is not None and "h" in rows[1].headers
+    assert rows[0].prepared_txn_state == str(tx.prepared_state)
+    env.commit_one(writer, "r-2")  # the next transaction drops the spent copies and keeps its own
+    assert [r.record_value for r in outbox_rows()] == [prefix + b"r-2"]
+    assert writer.recover().republished == 0  # committed: nothing to re-publish, copies dropped
+    assert outbox_rows() == []
+    env.assert_consistent()
+    writer.close()
+
+
+def test_transaction_and_recover_refuse_nesting(env: Env) -> None:
+    writer = env.writer()
+    writer.recover()
+    with pytest.raises(Kafka2pcError), env.engine.connect() as conn, writer.transaction(conn):
+        writer.recover()
+    env.commit_one(writer, "fine")
+    env.assert_consistent()
+    writer.close()

@@ -1,0 +1,145 @@
+"""The dual-write recipe while its Kafka broker restarts (own broker on port 39400, stopped afterwards).
+
+The broker is stopped from the ``on_step`` hook right before the prepare
+(flush) or right after the database commit, and started again from another
+thread while the recipe waits.  Whatever the recipe then does (wait and
+succeed, fail and roll back, or settle through recovery), the database and
+the ``read_committed`` view of the topic must agree and nothing may hang.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from _dw_crash import check_consistency, items_table
+from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
+
+from kafka2pc import Kafka2pcError
+from kafka2pc.testing import create_topic
+from kafka2pc.testing.broker import BrokerError, LocalKafka
+
+
+@pytest.fixture(scope="module")
+def own_kafka() -> Iterator[LocalKafka]:
+    """A broker of our own, so that stopping it disturbs no other test.
+
+    Its ports lie in Linux's ephemeral range, where a client connection can
+    hold one for a while ("Address already in use"): fall back to the next
+    base port rather than fail.
+    """
+    errors = []
+    for base_port in (39400, 39420, 39440):
+        kafka = LocalKafka(base_port=base_port)
+        try:
+            kafka.start()
+        except BrokerError as exc:
+            errors.append(f"port {base_port}: {exc}\n{_log_tail(kafka)}")
+            kafka.wipe()
+            time.sleep(1.0)
+            continue
+        yield kafka
+        kafka.wipe()
+        return
+    pytest.fail("could not start a broker of our own:\n" + "\n".join(errors), pytrace=False)
+
+
+def _log_tail(kafka: LocalKafka) -> str:
+    """The broker's last words, kept for the failure message before its directory is wiped."""
+    lines: list[str] = []
+    for path in (kafka.log_file(), kafka.home / "node1" / "stdout.log"):
+        try:
+            text = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        lines += [line for line in text if "ERROR" in line or "Exception" in line][:5] or text[-5:]
+    return "\n".join(lines)
+
+
+CASES = [
+    # (step at which the broker stops, kafka_timeout_s, database)
+    pytest.param(Step.BODY_DONE, None, "sqlite", id="during-prepare-waits-sqlite"),
+    pytest.param(Step.DB_COMMITTED, None, "sqlite", id="during-commit-waits-sqlite"),
+    pytest.param(Step.BODY_DONE, 1.0, "postgresql", id="during-prepare-times-out-postgresql"),
+    pytest.param(Step.DB_COMMITTED, 1.0, "postgresql", id="during-commit-times-out-postgresql"),
+    pytest.param(Step.BODY_DONE, 1.0, "sqlite", id="during-prepare-times-out-sqlite"),
+    pytest.param(Step.DB_COMMITTED, 1.0, "sqlite", id="during-commit-times-out-sqlite"),
+]
+
+
+@pytest.mark.parametrize(("stop_at", "kafka_timeout_s", "db_kind"), CASES)
+def test_broker_restart_during_prepare_or_commit_keeps_both_sides_equal(
+    own_kafka: LocalKafka, request: pytest.FixtureRequest, stop_at: Step, kafka_timeout_s: float | None,
+    db_kind: str,
+) -> None:
+    """Without a timeout librdkafka waits the restart out; with ``kafka_timeout_s=1`` a prepare that
+    times out rolls back, and a commit that times out is settled through recovery."""
+    db_url = str(request.getfixturevalue("pg_url" if db_kind == "postgresql" else "sqlite_url"))
+    bootstrap = own_kafka.bootstrap_servers
+    topic = create_topic(bootstrap, partitions=2)
+    series = uuid.uuid4().hex[:10]
+    engine = sa.create_engine(db_url)
+    metadata = sa.MetaData()
+    items = items_table(metadata)
+    state_table(metadata)
+    metadata.create_all(engine)
+    restarted = threading.Event()
+    restarter: list[threading.Thread] = []
+    armed = False
+
+    def restart_broker(step: Step) -> None:
+        if step is stop_at and not restarter:
+            own_kafka.stop_node(1)
+
+            def start_again() -> None:
+                time.sleep(1.0)
+                own_kafka.start_node(1)
+                restarted.set()
+
+            restarter.append(threading.Thread(target=start_again))
+            restarter[0].start()
+
+    writer = DualWriter(
+        engine,
+        # Reconnect quickly once the broker is back (librdkafka backs off up to 10 s by default).
+        {"bootstrap.servers": bootstrap, "transactional.id": f"dw-restart-{series}", "reconnect.backoff.max.ms": 500},
+        state_table=state_table(sa.MetaData()),
+        kafka_timeout_s=kafka_timeout_s,
+        on_step=lambda step: restart_broker(step) if armed else None,
+    )
+    writer.recover()
+
+    def one(rid: str) -> None:
+        with engine.connect() as conn, writer.transaction(conn) as tx:
+            for i in range(4):
+                full = f"{series}:{rid}-{i}"
+                conn.execute(items.insert().values(id=full, series=series))
+                tx.produce(topic, value=full.encode(), key=full.encode())
+
+    one("before")
+    armed = True
+    outcome = "committed"
+    started = time.monotonic()
+    try:
+        one("across-restart")
+    except Kafka2pcError as exc:  # allowed before the database commit: both sides rolled back
+        outcome = f"rolled back ({type(exc).__name__})"
+        assert stop_at is Step.BODY_DONE, f"after the database commit the recipe must settle, not fail: {exc!r}"
+    took = time.monotonic() - started
+    armed = False
+    assert restarted.wait(120)
+    restarter[0].join(10)
+    one("after")
+    print(f"\nbroker restart at {stop_at.value} (kafka_timeout_s={kafka_timeout_s}) on {engine.dialect.name}: "
+          f"transaction {outcome} in {took:.1f}s; recoveries: {writer.metrics().recoveries}")
+    rows, records, problems = check_consistency(engine, bootstrap, topic, series)
+    assert not problems, problems
+    assert rows == records and rows in (8, 12)
+    if stop_at is Step.DB_COMMITTED:
+        assert rows == 12  # the database committed: Kafka must have, too
+    writer.close()
+    engine.dispose()

@@ -1,0 +1,352 @@
+"""Crash matrix of the dual-write recipe: SIGKILL at every step of the normal path, then recover.
+
+For each (crash point, database) a series of short-lived child processes
+runs under one transactional id: each child recovers what the previous one
+left, commits transactions, and kills itself with SIGKILL at the chosen step
+of one of them.  Checked:
+
+* the child really died at that step (exit by SIGKILL);
+* the database outcome of the killed transaction is the one the step implies
+  (committed from "DB committed" on, rolled back before COMMIT, either way
+  while COMMIT is in flight);
+* the next recovery decided what that outcome requires (commit the prepared
+  transaction iff the database committed its state, abort a stray one,
+  nothing when nothing was open);
+* at the end (one more recovery in this process): every committed row has
+  exactly one ``read_committed`` record and vice versa, and the
+  ``read_committed`` end offset equals the ``read_uncommitted`` one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from _dw_crash import Zygote, check_consistency, items_table
+from kafka2pc.recipes.dual_write import DualWriter, outbox_table, state_table
+
+from kafka2pc import HeuristicOutcomeError
+from kafka2pc._control import ControlPlane
+from kafka2pc.testing import create_topic
+
+RUNS = int(os.environ.get("KAFKA2PC_CRASH_RUNS", "20"))
+PARALLEL = 3
+
+#: crash point -> (database outcome of the killed transaction, recovery decisions allowed).
+#: The outcome is True (committed), False (rolled back) or None (either).  None as a
+#: decision set means "commit iff the database committed, else abort".
+EXPECTED: dict[str, tuple[bool | None, frozenset[str] | None]] = {
+    "db_begun": (False, frozenset({"nothing"})),
+    "kafka_begun": (False, frozenset({"nothing"})),
+    "produced": (False, frozenset({"nothing", "abort"})),
+    "body_done": (False, frozenset({"nothing", "abort"})),
+    "prepared": (False, frozenset({"abort"})),
+    "state_stored": (False, frozenset({"abort"})),
+    "db_committing": (None, None),
+    "db_committed": (True, frozenset({"commit"})),
+    "kafka_committed": (True, frozenset({"nothing"})),
+}
+
+
+@dataclass
+class SeriesReport:
+    point: str
+    db: str
+    runs: int = 0
+    db_committed: int = 0
+    decisions: Counter[str] = field(default_factory=Counter)
+    rows: int = 0
+    records: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def _db_url(kind: str, pg_url: str, tmp_path: Path, name: str) -> str:
+    return pg_url if kind == "postgresql" else f"sqlite:///{tmp_path / f'{name}.db'}"
+
+
+def _prepare_db(url: str) -> sa.Engine:
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    metadata = sa.MetaData()
+    state_table(metadata)
+    outbox_table(metadata)
+    items_table(metadata)
+    metadata.create_all(engine)
+    return engine
+
+
+def _recover_here(engine: sa.Engine, bootstrap: str, tid: str) -> dict[str, Any]:
+    writer = DualWriter(engine, {"bootstrap.servers": bootstrap, "transactional.id": tid},
+                        state_table=state_table(sa.MetaData()))
+    try:
+        result = writer.recover(raise_on_heuristic=False)
+    finally:
+        writer.close()
+    assert result.settlement is not None
+    return {"decision": result.settlement.plan.decision.value, "heuristic": result.heuristic}
+
+
+def _row_exists(engine: sa.Engine, rid: str) -> bool:
+    items = items_table(sa.MetaData())
+    with engine.connect() as conn:
+        return conn.execute(sa.select(items.c.id).where(items.c.id == rid)).first() is not None
+
+
+def run_series(
+    zygote: Zygote, point: str, db_kind: str, url: str, bootstrap: str, workdir: Path, seed: int
+) -> SeriesReport:
+    """One (point, database) series: RUNS children, each killed at ``point``; then verify."""
+    rng = random.Random(seed)
+    series = f"{point}-{db_kind}-{uuid.uuid4().hex[:6]}"
+    tid = f"dw-crash-{series}"
+    topic = create_topic(bootstrap)
+    results = workdir / f"{series}.jsonl"
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    report = SeriesReport(point, db_kind)
+    want_outcome, allowed = EXPECTED[point]
+    outcomes: list[bool] = []
+    try:
+        for run in range(RUNS):
+            crash_txn = run % 2  # alternate: the killed transaction is the first or follows a commit
+            job = {
+                "db_url": url, "bootstrap": bootstrap, "tid": tid, "topic": topic, "series": series,
+                "results": str(results), "run": run, "point": point, "crash_txn": crash_txn,
+                "transactions": 2, "records": 2, "seed": rng.randrange(1 << 30),
+            }
+            code = zygote.run(job)
+            if code != -9:
+                report.failures.append(f"run {run}: child exited {code}, not by SIGKILL at {point}")
+                break
+            committed = _row_exists(engine, f"{series}:{run}-{crash_txn}-0")
+            outcomes.append(committed)
+            report.runs += 1
+            report.db_committed += committed
+            if want_outcome is not None and committed is not want_outcome:
+                report.failures.append(f"run {run}: killed at {point}, database committed={committed}")
+        final = _recover_here(engine, bootstrap, tid)
+        seen = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+        decisions = [r["decision"] for r in sorted(seen, key=lambda r: r["run"])][1:] + [final["decision"]]
+        for run, (committed, decision) in enumerate(zip(outcomes, decisions)):
+            report.decisions[decision] += 1
+            ok = allowed if allowed is not None else frozenset({"commit" if committed else "abort"})
+            if decision not in ok:
+                report.failures.append(
+                    f"run {run}: killed at {point} (database committed={committed}); recovery decided "
+                    f"{decision}, expected one of {sorted(ok)}"
+                )
+        if any(r["heuristic"] for r in seen) or final["heuristic"]:
+            report.failures.append("a recovery reported a heuristic outcome")
+        report.rows, report.records, problems = check_consistency(engine, bootstrap, topic, series)
+        report.failures.extend(problems)
+    finally:
+        engine.dispose()
+    return report
+
+
+@pytest.fixture
+def zygotes(tmp_path: Path) -> Iterator[list[Zygote]]:
+    procs = [Zygote(tmp_path / f"zygote-{i}.log") for i in range(PARALLEL)]
+    yield procs
+    for z in procs:
+        z.close()
+
+
+def _run_matrix(
+    db_kind: str, points: list[str], zygotes: list[Zygote], url_for: Callable[[str], str],
+    bootstrap: str, tmp_path: Path,
+) -> list[SeriesReport]:
+    free = list(zygotes)
+    jobs = []
+    for i, point in enumerate(points):
+        url = url_for(point)
+        _prepare_db(url).dispose()
+        jobs.append((point, url, 1000 + i))
+
+    def one(args: tuple[str, str, int]) -> SeriesReport:
+        point, url, seed = args
+        z = free.pop()
+        try:
+            return run_series(z, point, db_kind, url, bootstrap, tmp_path, seed)
+        finally:
+            free.append(z)
+
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        return list(pool.map(one, jobs))
+
+
+def _print(reports: list[SeriesReport]) -> None:
+    print(f"\n{'point':<16}{'db':<12}{'runs':>5}{'db committed':>14}  recovery decisions{'':<14}rows  records")
+    for r in reports:
+        decisions = ", ".join(f"{k} {v}" for k, v in sorted(r.decisions.items()))
+        print(f"{r.point:<16}{r.db:<12}{r.runs:>5}{r.db_committed:>14}  {decisions:<32}{r.rows:>4}  {r.records:>7}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
+def test_crash_matrix(
+    db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygotes: list[Zygote], tmp_path: Path
+) -> None:
+    pg_url = request.getfixturevalue("pg_url") if db_kind == "postgresql" else ""
+    points = list(EXPECTED)
+    reports = _run_matrix(
+        db_kind, points, zygotes, lambda p: _db_url(db_kind, pg_url, tmp_path, p), kafka_bootstrap, tmp_path
+    )
+    _print(reports)
+    failures = [f"{r.point}/{r.db}: {f}" for r in reports for f in r.failures]
+    assert not failures, "\n".join(failures)
+    for r in reports:
+        assert r.runs == RUNS
+        assert r.rows > 0 and r.rows == r.records
+    committing = next(r for r in reports if r.point == "db_committing")
+    # Both sides of the COMMIT race were exercised, so both recovery branches ran.
+    assert committing.decisions["commit"] + committing.decisions["abort"] == RUNS
+
+
+@pytest.fixture
+def zygote(tmp_path: Path) -> Iterator[Zygote]:
+    z = Zygote(tmp_path / "zygote.log")
+    yield z
+    z.close()
+
+
+#: How the recovering child dies -> decisions the next recovery may take.
+RECOVERY_KILLS: list[tuple[dict[str, Any], frozenset[str]]] = [
+    ({"recovery_point": "recovery_locked"}, frozenset({"commit"})),      # before it settled Kafka
+    ({"recovery_point": "recovery_settled"}, frozenset({"nothing"})),    # Kafka settled, DB not committed
+    # Timed kills: somewhere in the control-plane calls, EndTxn, or the new producer's init.
+    *[({"recovery_kill_after_s": delay}, frozenset({"commit", "nothing"})) for delay in (0.02, 0.05, 0.08, 0.12, 0.3)],
+]
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
+def test_kill_during_recovery_then_recover_again(
+    db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygote: Zygote, tmp_path: Path
+) -> None:
+    """A recovery killed at any moment leaves nothing a later recovery cannot finish (idempotence)."""
+    url = request.getfixturevalue("pg_url") if db_kind == "postgresql" else f"sqlite:///{tmp_path / 'r.db'}"
+    engine = _prepare_db(url)
+    series = f"recovery-kill-{db_kind}-{uuid.uuid4().hex[:6]}"
+    tid, topic = f"dw-{series}", create_topic(kafka_bootstrap)
+    results = tmp_path / "results.jsonl"
+    base = {"db_url": url, "bootstrap": kafka_bootstrap, "tid": tid, "topic": topic, "series": series,
+            "results": str(results), "transactions": 2, "records": 2}
+    run = 0
+    killed_recoveries = []
+    for kill, allowed in RECOVERY_KILLS:
+        # A child leaves a transaction the database committed and Kafka has only prepared...
+        assert zygote.run({**base, "run": run, "point": "db_committed", "crash_txn": 1}) == -9
+        # ...then a recovering child is killed during the recovery...
+        assert zygote.run({**base, "run": run + 1, "recover_only": True, "hang_after": True, **kill}) == -9
+        killed_recoveries.append((run + 1, allowed))
+        run += 2
+    final = _recover_here(engine, kafka_bootstrap, tid)  # ...and the next recovery finishes the job.
+    seen = {r["run"]: r for r in map(json.loads, results.read_text().splitlines())}
+    decisions = {run: seen.get(run + 1, {}).get("decision") for run, _ in killed_recoveries}
+    decisions[killed_recoveries[-1][0]] = final["decision"]
+    print(f"\nrecovery killed ({db_kind}) -> next recovery decided:",
+          [(kill, decisions[r]) for (kill, _), (r, _) in zip(RECOVERY_KILLS, killed_recoveries)])
+    for killed_run, allowed in killed_recoveries:
+        assert decisions[killed_run] in allowed, (killed_run, decisions[killed_run], allowed)
+    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, series)
+    assert not problems
+    assert rows == records == len(RECOVERY_KILLS) * 4  # two transactions of two records per worker
+    engine.dispose()
+
+
+def _wait_until_not_ongoing(bootstrap: str, tids: list[str], timeout: float = 60.0) -> None:
+    """Wait for the broker to abort the timed-out transactions (its check runs every ~10 s)."""
+    import time
+
+    with ControlPlane({"bootstrap.servers": bootstrap}) as ctrl:
+        deadline = time.monotonic() + timeout
+        while True:
+            states = {tid: getattr(ctrl.describe_transaction(tid), "state", None) for tid in tids}
+            if all(state in ("CompleteAbort", "Empty") for state in states.values()):
+                return
+            assert time.monotonic() < deadline, f"the broker did not abort the timed-out transactions: {states}"
+            time.sleep(0.5)
+
+
+def test_heuristic_outcome_is_reported_and_retained_records_are_republished_once(
+    pg_url: str, kafka_bootstrap: str, zygote: Zygote, tmp_path: Path
+) -> None:
+    """Owner down longer than transaction.timeout.ms: the broker aborts a transaction the database committed.
+
+    Without ``retain_records`` recovery raises HeuristicOutcomeError (and the
+    loss is exactly that transaction's records); with it, the records are
+    re-published exactly once, even when the re-publishing process is itself
+    killed half-way.
+    """
+    sqlite_url = f"sqlite:///{tmp_path / 'h.db'}"
+    cases = {
+        # name: (db url, retain, kill the first recovery at this step of the re-publish)
+        "plain-pg": (pg_url, False, None),
+        "retain-pg-killed-after-db-commit": (pg_url, True, "db_committed"),
+        "retain-sqlite-killed-after-prepare": (sqlite_url, True, "prepared"),
+        "retain-sqlite": (sqlite_url, True, None),
+    }
+    for url in {pg_url, sqlite_url}:
+        _prepare_db(url).dispose()
+    setup: dict[str, dict[str, Any]] = {}
+    for name, (url, retain, _) in cases.items():
+        series = f"h-{name}-{uuid.uuid4().hex[:6]}"
+        setup[name] = {
+            "db_url": url, "bootstrap": kafka_bootstrap, "tid": f"dw-{series}", "topic": create_topic(kafka_bootstrap),
+            "series": series, "results": str(tmp_path / f"{name}.jsonl"), "retain": retain,
+            "transactions": 2, "records": 2,
+        }
+        crash = {**setup[name], "run": 0, "point": "db_committed", "crash_txn": 1,
+                 "producer_config": {"transaction.timeout.ms": 5000}}
+        assert zygote.run(crash) == -9
+    _wait_until_not_ongoing(kafka_bootstrap, [job["tid"] for job in setup.values()])
+
+    for name, (url, retain, kill_at) in cases.items():
+        job = setup[name]
+        if kill_at is not None:
+            assert zygote.run({**job, "run": 1, "recover_only": True, "recovery_point": kill_at}) == -9
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        metadata = sa.MetaData()
+        writer = DualWriter(
+            engine, {"bootstrap.servers": kafka_bootstrap, "transactional.id": job["tid"]},
+            state_table=state_table(metadata), outbox_table=outbox_table(metadata), retain_records=retain,
+        )
+        if not retain:
+            with pytest.raises(HeuristicOutcomeError) as info:
+                writer.recover()
+            assert info.value.transactional_id == job["tid"] and info.value.outcome == "aborted"
+            assert writer.metrics().heuristic_outcomes == 1
+            rows, records, problems = check_consistency(engine, kafka_bootstrap, job["topic"], job["series"])
+            # Exactly the heuristic transaction's two records are missing, and nothing hangs.
+            assert (rows, records) == (4, 2)
+            assert len(problems) == 1 and problems[0].startswith("committed rows without a record")
+            assert ":0-1-0" in problems[0]
+            again = writer.recover(raise_on_heuristic=False)  # reported again, idempotent, still ready
+            assert again.heuristic and again.republished == 0
+        else:
+            result = writer.recover()
+            if kill_at == "db_committed":
+                # The killed re-publish had committed its new state: recovery commits it.
+                assert result.settlement is not None and result.settlement.plan.decision.value == "commit"
+                assert not result.heuristic and result.republished == 0
+            else:
+                assert result.heuristic and result.republished == 2
+            rows, records, problems = check_consistency(engine, kafka_bootstrap, job["topic"], job["series"])
+            assert not problems, (name, problems)
+            assert rows == records == 4
+            outbox = outbox_table(sa.MetaData())
+            with engine.connect() as conn:
+                left = conn.execute(
+                    sa.select(sa.func.count()).select_from(outbox).where(outbox.c.transactional_id == job["tid"])
+                ).scalar_one()
+            assert left == (0 if result.republished == 0 else 2)  # deleted lazily by the next transaction
+        writer.close()
+        engine.dispose()
