@@ -441,13 +441,16 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
     from kafka2pc._exceptions import IndefiniteOutcomeError, UsageError
     from kafka2pc._state import PreparedTxnState
 
-    from ._statedb import masked_url, read_states
+    from ._statedb import RowLocks, masked_url, read_states
 
     rows: list[StoredState] = read_states(db_url, table, timeout_s=settings.timeout_s)
     entries: list[dict[str, Any]] = []
     settled_states: dict[str, PreparedTxnState] = {}
     indefinite = False
-    with _admin() as admin:
+    locks = RowLocks(db_url, table, timeout_s=settings.timeout_s) if settle and not dry_run else None
+    with _admin() as admin, contextlib.ExitStack() as cleanup:
+        if locks is not None:
+            cleanup.callback(locks.close)
         for row in rows:
             entry: dict[str, Any] = {
                 "transactional_id": row.transactional_id,
@@ -467,10 +470,15 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
             entries.append(entry)
             try:
                 state = PreparedTxnState(row.prepared_txn_state)
-                if settle and not dry_run:
-                    settlement = admin.complete_transaction(
-                        row.transactional_id, state, fence=True, raise_on_heuristic=False
-                    )
+                if locks is not None:
+                    # Settle under the row lock, with the state as it is now: a live
+                    # writer holds the same lock until its database commit.
+                    with locks.hold(row.transactional_id) as current:
+                        entry["stored_state"] = current
+                        state = PreparedTxnState(current)
+                        settlement = admin.complete_transaction(
+                            row.transactional_id, state, fence=True, raise_on_heuristic=False
+                        )
                     plan = settlement.plan
                     entry["outcome"] = settlement.outcome.value
                     entry["heuristic"] = settlement.heuristic

@@ -11,8 +11,11 @@ The recipe keeps one row per transactional id::
 The CLI reads those three columns itself instead of importing the recipe, so
 that it works on any database the recipe wrote (and on tables an application
 keeps in the same shape), and so that the CLI never depends on recipe code.
-It only reads: settling happens in Kafka, and the rows stay as they are (they
-record what the *database* decided, which recovery must not change).
+It never changes a row: settling happens in Kafka, and the rows record what
+the *database* decided, which recovery must not change.  While ``recover``
+settles a transactional id it holds that row's lock (:class:`RowLocks`), the
+same lock the recipe's writer holds from its transaction's start to its
+database commit, so it never settles under a live writer's feet.
 
 Imported only by the ``in-doubt`` and ``recover`` commands (SQLAlchemy is heavy).
 """
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +34,7 @@ from sqlalchemy.pool import NullPool
 
 from ._errors import CliFailure, ExitCode
 
-__all__ = ["DEFAULT_TABLE", "StoredState", "masked_url", "read_states"]
+__all__ = ["DEFAULT_TABLE", "RowLocks", "StoredState", "masked_url", "read_states"]
 
 DEFAULT_TABLE = "kafka_transaction_state"
 
@@ -128,3 +133,52 @@ def read_states(db_url: str, table: str = DEFAULT_TABLE, *, timeout_s: float = 1
         )
         for tid, state, updated in rows
     ]
+
+
+def _state_table(table: str) -> sa.TableClause:
+    schema, _, name = table.rpartition(".")
+    return sa.table(
+        name,
+        sa.column("transactional_id"),
+        sa.column("prepared_txn_state"),
+        sa.column("updated_at"),
+        schema=schema or None,
+    )
+
+
+class RowLocks:
+    """Holds one state row's lock at a time while its transaction is settled.
+
+    The lock is taken with a no-op ``UPDATE`` (a row lock on PostgreSQL, the
+    write lock on SQLite) and released by rolling back, so no row ever changes.
+    """
+
+    def __init__(self, db_url: str, table: str = DEFAULT_TABLE, *, timeout_s: float = 15.0) -> None:
+        url = _engine_url(db_url)
+        self._engine = sa.create_engine(url, connect_args=_connect_args(url, timeout_s), poolclass=NullPool)
+        self._table = _state_table(table)
+        self._timeout_ms = max(1, int(timeout_s * 1000))
+
+    @contextmanager
+    def hold(self, transactional_id: str) -> Iterator[str | None]:
+        """Lock the row of ``transactional_id`` and yield its current prepared state (``None`` = empty)."""
+        t = self._table
+        with self._engine.connect() as conn:
+            txn = conn.begin()
+            try:
+                if conn.dialect.name == "postgresql":  # SQLite's busy timeout bounds the wait there
+                    conn.execute(sa.text(f"SET LOCAL lock_timeout = {self._timeout_ms}"))
+                conn.execute(
+                    sa.update(t).where(t.c.transactional_id == transactional_id).values(updated_at=t.c.updated_at)
+                )
+                state = conn.execute(
+                    sa.select(t.c.prepared_txn_state).where(t.c.transactional_id == transactional_id)
+                ).scalar_one_or_none()
+                text = str(state).strip() if state is not None else ""
+                yield text or None
+            finally:
+                txn.rollback()
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self._engine.dispose()

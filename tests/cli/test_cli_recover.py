@@ -141,3 +141,34 @@ def test_in_doubt_and_recover_settle_a_mixed_table(
     again = kafka_cli("recover", "--db-url", db_url)
     assert again.returncode == ExitCode.HEURISTIC, again
     assert "settled: commit 0, abort 0, leave 5; 1 heuristic, 0 errors" in again.stdout
+
+
+def test_recover_waits_for_the_row_lock_a_live_writer_holds(
+    pg_url: str,
+    topic_factory: Callable[..., str],
+    killed_producer: Callable[..., Any],
+    kafka_cli: Callable[..., Any],
+) -> None:
+    """A writer holding its state row (mid-transaction) is never settled under its feet."""
+    topic = topic_factory(partitions=1)
+    tid = f"cli-locked-{uuid.uuid4().hex[:8]}"
+    txns = killed_producer(topic, 1, ("prepared", tid, 2))
+    store(pg_url, {tid: txns[tid].states[0]})
+    engine = sa.create_engine(pg_url)
+    try:
+        with engine.connect() as writer:
+            writer.execute(
+                sa.text("SELECT 1 FROM kafka_transaction_state WHERE transactional_id = :t FOR UPDATE"), {"t": tid}
+            )
+            blocked = kafka_cli("--timeout", "3", "recover", "--db-url", pg_url)
+            writer.rollback()
+        assert blocked.returncode == ExitCode.DATABASE, blocked
+        assert "lock" in (blocked.stdout + blocked.stderr).lower(), blocked
+        still_open = kafka_cli("describe", tid, "-o", "json")
+        assert still_open.json()["transaction"]["state"] == "Ongoing", still_open  # nothing was settled
+
+        settled = kafka_cli("recover", "--db-url", pg_url, "-o", "json")  # lock free: it commits
+        assert settled.returncode == 0, settled
+        assert [e["outcome"] for e in settled.json()["entries"]] == ["committed"]
+    finally:
+        engine.dispose()
