@@ -1,0 +1,102 @@
+"""A Spark driver process for the crash tests: one streaming query into KafkaTwoPhaseSink.
+
+Run as ``python _spark_driver.py '<json config>'``; the test SIGKILLs its process
+group (this Python process and the Spark JVM it launched) at a crash point the
+sink announces through ``$KAFKA2PC_SPARK_FAULTS`` (``crash_marker``).  When the
+query has finished, it writes the sink's metrics as JSON to ``metrics_path``.
+
+Config keys: ``bootstrap``, ``out_topic``, ``checkpoint``, ``source``
+(``"rate"`` or ``"kafka"``), ``rows_per_batch`` and ``last_batch`` (rate:
+batches after ``last_batch`` write nothing, so the expected output is exact),
+``source_topic`` and ``max_offsets`` (kafka: read with Trigger.AvailableNow),
+``kafka_package``, ``metrics_path``, ``log_path``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+import threading
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    logging.basicConfig(
+        filename=cfg["log_path"], level=logging.INFO,
+        format="%(asctime)s %(process)d %(threadName)s %(name)s %(levelname)s %(message)s",
+    )
+    for noisy in ("kafka", "py4j", "pyspark"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    from kafka2pc.recipes.spark_sink import KafkaTwoPhaseSink
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("kafka2pc-crash-driver")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.sql.streaming.minBatchesToRetain", "20")
+    )
+    if cfg["source"] == "kafka":
+        builder = builder.config("spark.jars.packages", cfg["kafka_package"])
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": cfg["bootstrap"]}, topic=cfg["out_topic"])
+    done = threading.Event()
+
+    if cfg["source"] == "rate":
+        last = int(cfg["last_batch"])
+
+        def foreach_batch(df, batch_id):  # type: ignore[no-untyped-def]
+            if batch_id <= last:
+                sink(df, batch_id)
+            if batch_id >= last:
+                done.set()
+
+        stream = (
+            spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", int(cfg["rows_per_batch"]))
+            .option("numPartitions", 2)
+            .load()
+            .selectExpr("CAST(value AS STRING) AS value", "CAST(value % 10 AS STRING) AS key")
+        )
+        query = stream.writeStream.foreachBatch(foreach_batch).option("checkpointLocation", cfg["checkpoint"])
+        running = query.start()
+        if not done.wait(240):
+            raise SystemExit("the query did not reach the last batch in 240s")
+        running.stop()
+    else:
+        stream = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", cfg["bootstrap"])
+            .option("subscribe", cfg["source_topic"])
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", int(cfg["max_offsets"]))
+            .load()
+            .selectExpr("key", "value")
+        )
+        running = (
+            stream.writeStream.foreachBatch(sink)
+            .option("checkpointLocation", cfg["checkpoint"])
+            .trigger(availableNow=True)
+            .start()
+        )
+        if not running.awaitTermination(240):
+            raise SystemExit("the AvailableNow query did not finish in 240s")
+        if running.exception() is not None:
+            raise SystemExit(f"query failed: {running.exception()}")
+    with open(cfg["metrics_path"], "w") as out:
+        json.dump([dataclasses.asdict(m) for m in sink.metrics], out, default=str)
+    sink.close()
+    spark.stop()
+    os._exit(0)  # do not wait for py4j's non-daemon threads
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Helpers of the Spark sink tests: driver processes to SIGKILL, and the exactly-once checks.
+
+Imported as ``_sparkkit`` (pytest puts tests/spark on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kafka2pc.testing import drain, end_offsets
+
+DRIVER = Path(__file__).with_name("_spark_driver.py")
+RUN_ENV = "K2PC_SPARK_TEST_RUN"
+
+
+def kafka_package() -> str:
+    """The Spark Kafka connector matching the installed pyspark (override: ``$KAFKA2PC_SPARK_KAFKA_PACKAGE``)."""
+    import pyspark
+
+    default = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+    return os.environ.get("KAFKA2PC_SPARK_KAFKA_PACKAGE", default)
+
+
+def processes_of_run(run_id: str) -> list[int]:
+    """Pids of live processes whose environment carries ``RUN_ENV=run_id`` (driver, JVM, Python workers)."""
+    needle = f"{RUN_ENV}={run_id}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                zombie = f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and not zombie:
+            pids.append(int(entry))
+    return pids
+
+
+@dataclass
+class DriverRun:
+    """One ``_spark_driver.py`` process (its own session and process group)."""
+
+    proc: subprocess.Popen[bytes]
+    run_id: str
+    log_path: Path
+    metrics_path: Path
+    stderr_path: Path
+
+    def log(self) -> str:
+        parts = []
+        for path in (self.log_path, self.stderr_path):
+            try:
+                parts.append(path.read_text()[-4000:])
+            except OSError:
+                pass
+        return "\n---\n".join(parts)
+
+    def kill_group(self) -> None:
+        """SIGKILL the driver's process group (Python driver + Spark JVM), then every straggler of the run."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(30)
+        deadline = time.monotonic() + 20
+        while (left := processes_of_run(self.run_id)) and time.monotonic() < deadline:
+            time.sleep(0.5)  # the PySpark daemon (own process group) exits when the JVM's pipe closes
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)  # only our own run's processes, found by their marker
+        assert not left, f"processes of the killed driver outlived it: {left}"
+
+
+def start_driver(
+    cfg: dict[str, Any], work: Path, faults: dict[str, Any] | None, name: str
+) -> DriverRun:
+    run_id = uuid.uuid4().hex
+    log_path = work / f"{name}.log"
+    metrics_path = work / f"{name}.metrics.json"
+    stderr_path = work / f"{name}.stderr"
+    full = dict(cfg, log_path=str(log_path), metrics_path=str(metrics_path))
+    env = dict(os.environ)
+    env[RUN_ENV] = run_id
+    env["PYSPARK_PYTHON"] = sys.executable
+    env.pop("KAFKA2PC_SPARK_FAULTS", None)
+    if faults is not None:
+        env["KAFKA2PC_SPARK_FAULTS"] = json.dumps(faults)
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(DRIVER), json.dumps(full)],
+            env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+        )
+    return DriverRun(proc, run_id, log_path, metrics_path, stderr_path)
+
+
+def crash_driver(cfg: dict[str, Any], work: Path, crash_at: str, crash_batch: int, name: str) -> str:
+    """Run the driver until the sink reaches ``crash_at`` in ``crash_batch``; SIGKILL its group there."""
+    marker = work / f"{name}.crashed"
+    run = start_driver(
+        cfg, work, {"crash_at": crash_at, "crash_batch": crash_batch, "crash_marker": str(marker)}, name
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            if run.proc.poll() is not None:
+                raise AssertionError(f"driver exited (rc={run.proc.returncode}) before {crash_at}: {run.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"driver never reached {crash_at} of batch {crash_batch}: {run.log()}")
+            time.sleep(0.2)
+    finally:
+        run.kill_group()
+    return marker.read_text().strip()
+
+
+def finish_driver(cfg: dict[str, Any], work: Path, name: str) -> list[dict[str, Any]]:
+    """Run the driver to the end (no faults); return the sink's metrics."""
+    run = start_driver(cfg, work, None, name)
+    try:
+        rc = run.proc.wait(300)
+    finally:
+        if run.proc.poll() is None or processes_of_run(run.run_id):
+            run.kill_group()
+    assert rc == 0, f"driver failed (rc={rc}): {run.log()}"
+    metrics: list[dict[str, Any]] = json.loads(run.metrics_path.read_text())
+    return metrics
+
+
+def assert_exactly_once(bootstrap: str, topic: str, expected: list[bytes]) -> None:
+    """A read_committed reader sees every expected value exactly once, and nothing else; nothing is hanging."""
+    committed = drain(bootstrap, topic, "read_committed")
+    seen = Counter(r.value for r in committed)
+    duplicates = {v: n for v, n in seen.items() if n > 1}
+    missing = set(expected) - set(seen)
+    unexpected = set(seen) - set(expected)
+    assert not duplicates, f"{len(duplicates)} values duplicated, e.g. {list(duplicates.items())[:5]}"
+    assert not missing, f"{len(missing)} values lost, e.g. {sorted(missing)[:5]}"
+    assert not unexpected, f"{len(unexpected)} unexpected values, e.g. {sorted(unexpected)[:5]}"
+    assert len(committed) == len(expected)
+    assert end_offsets(bootstrap, topic, "read_committed") == end_offsets(bootstrap, topic, "read_uncommitted"), (
+        "a transaction is left hanging: the last stable offset is behind the high watermark"
+    )
+
+
+def hanging(bootstrap: str, topic: str) -> int:
+    """Records held back from read_committed readers by open transactions."""
+    lso = end_offsets(bootstrap, topic, "read_committed")
+    hw = end_offsets(bootstrap, topic, "read_uncommitted")
+    return sum(hw[p] - lso[p] for p in hw)
+
+
+def decision_outcomes(bootstrap: str, checkpoint: Path, batch_id: int) -> list[str]:
+    """Per transaction the stored decision of ``batch_id`` names: ``"committed"`` or ``"prepared"``.
+
+    Asked from the coordinator (a reader cannot tell yet: an open transaction
+    holds the last stable offset back).  ``"prepared"`` means the open
+    transaction under that id is exactly the recorded one (the recovery plan
+    would commit it).
+    """
+    from kafka2pc.recipes.spark_sink import LocalDecisionStore
+
+    from kafka2pc import Decision, TransactionAdmin
+
+    (sink_dir,) = (checkpoint / "kafka2pc").iterdir()
+    decision = LocalDecisionStore(sink_dir).get(batch_id)
+    assert decision is not None, f"no decision for batch {batch_id} in {sink_dir}"
+    found = []
+    with TransactionAdmin({"bootstrap.servers": bootstrap}) as admin:
+        for txn in decision.transactions:
+            plan = admin.plan_recovery(txn.transactional_id, txn.prepared_state)
+            assert plan.coordinator is not None
+            if plan.decision is Decision.COMMIT:
+                found.append("prepared")
+            elif plan.coordinator.state == "CompleteCommit":
+                found.append("committed")
+            else:
+                found.append(f"{plan.decision.value}/{plan.coordinator.state}")
+    return found

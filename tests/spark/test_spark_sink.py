@@ -1,0 +1,283 @@
+"""KafkaTwoPhaseSink in one shared local SparkSession: task retries, duplicate attempts, replays, columns.
+
+Every test writes through a real broker and checks with a read_committed
+consumer that each input row is visible exactly once and that no transaction
+is left open (last stable offset == high watermark).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from _sparkkit import assert_exactly_once, hanging
+from confluent_kafka import Consumer
+from kafka2pc.recipes.spark_sink import (
+    FaultInjection,
+    HadoopDecisionStore,
+    KafkaTwoPhaseSink,
+    LocalDecisionStore,
+    SinkDecision,
+    SinkTransaction,
+)
+
+from kafka2pc import PreparedTxnState, TransactionOutcome, UsageError
+from kafka2pc._control import ControlPlane
+from kafka2pc._recovery import settle
+from kafka2pc.testing import drain
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def run_rate_query(
+    spark: SparkSession, sink: Callable[[Any, int], None], checkpoint: Path, rows: int, last_batch: int
+) -> None:
+    """Stream ``rate-micro-batch`` rows (values 0, 1, ...) through ``sink`` for batches 0..last_batch."""
+    done = threading.Event()
+
+    def foreach_batch(df: Any, batch_id: int) -> None:
+        if batch_id <= last_batch:
+            sink(df, batch_id)
+        if batch_id >= last_batch:
+            done.set()
+
+    query = (
+        spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows).option("numPartitions", 2).load()
+        .selectExpr("CAST(value AS STRING) AS value")
+        .writeStream.foreachBatch(foreach_batch)
+        .option("checkpointLocation", str(checkpoint))
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not done.is_set() and query.isActive and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        query.stop()
+    assert query.exception() is None, f"the query failed: {query.exception()}"
+    assert done.is_set(), "the query did not reach its last batch"
+
+
+def values(n: int) -> list[bytes]:
+    return [str(i).encode() for i in range(n)]
+
+
+def test_task_failing_after_prepare_is_retried_without_duplicates(
+    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """Attempt 0 of partition 0 prepares its transaction and then fails: the retry's transaction commits, not both."""
+    out = topic_factory(partitions=2)
+    faults = FaultInjection(fail_task_at="after_prepare", fail_task_attempts=1, fail_partitions=(0,))
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, faults=faults)
+    run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
+
+    assert [m.batch_id for m in sink.metrics] == [0, 1, 2]
+    for m in sink.metrics:
+        assert m.task_attempts == {0: 1, 1: 0}, m  # partition 0's result came from its retry
+        assert m.transactions_committed == 2 and m.records == 300
+    assert_exactly_once(kafka_bootstrap, out, values(900))
+
+
+def test_speculative_copy_fencing_the_original_makes_it_fail(
+    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """A second attempt that starts while the first one writes fences it: the first fails, a retry wins."""
+    out = topic_factory(partitions=2)
+    faults = FaultInjection(duplicate_attempt="fences_original", fail_partitions=(1,), task_batch=1)
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, faults=faults)
+    run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
+
+    by_batch = {m.batch_id: m for m in sink.metrics}
+    assert by_batch[1].task_attempts[1] >= 1, "the fenced original cannot have succeeded"
+    assert by_batch[0].task_attempts == {0: 0, 1: 0}
+    assert all(not m.repaired_partitions for m in sink.metrics)
+    assert_exactly_once(kafka_bootstrap, out, values(900))
+
+
+def test_late_speculative_copy_aborting_the_winner_is_repaired(
+    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """A copy that starts after the original prepared aborts the winner's transaction; the sink rewrites it once."""
+    out = topic_factory(partitions=2)
+    faults = FaultInjection(duplicate_attempt="after_prepare", fail_partitions=(0,), task_batch=1)
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, faults=faults)
+    run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
+
+    by_batch = {m.batch_id: m for m in sink.metrics}
+    assert by_batch[1].repaired_partitions == (0,)
+    assert by_batch[0].repaired_partitions == () and by_batch[2].repaired_partitions == ()
+    store = sink.decision_store
+    assert store is not None
+    decision = store.get(1)
+    assert decision is not None and decision.revision == 1  # the repair named a new state for partition 0
+    assert_exactly_once(kafka_bootstrap, out, values(900))
+
+
+def test_duplicate_attempts_outside_spark_only_the_decided_one_commits(
+    kafka_bootstrap: str, topic_factory: Callable[..., str]
+) -> None:
+    """Two attempts of one partition with the same transactional id, in both orders, driven by hand.
+
+    Attempt B's init_transactions fences attempt A and aborts A's prepared
+    transaction; completing with the state the decision names commits only
+    that transaction, and completing a state Kafka aborted reports ABORTED
+    (never commits something else in its place).
+    """
+    import pyarrow as pa
+    from kafka2pc.recipes.spark_sink import _WriterSpec, write_partition
+
+    out = topic_factory(partitions=1)
+    spec = _WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"k2pc-sim-{uuid.uuid4().hex[:8]}", out,
+                       ("value",), batch_id=0)
+    tid = spec.transactional_id(0)
+    rows = [pa.RecordBatch.from_pydict({"value": [f"r{i}".encode() for i in range(50)]})]
+    with ControlPlane({"bootstrap.servers": kafka_bootstrap}) as ctrl:
+        # Order 1: A prepares, B (the winner Spark keeps) starts later and prepares.
+        a = write_partition(spec, rows, 0, 0)
+        b = write_partition(spec, rows, 0, 1)
+        assert a is not None and b is not None and a.state != b.state
+        assert settle(ctrl, tid, _state(b.state), raise_on_heuristic=False).outcome is \
+            TransactionOutcome.COMMITTED
+        assert settle(ctrl, tid, _state(a.state), raise_on_heuristic=False).outcome is TransactionOutcome.ABORTED
+        assert sorted(r.value for r in drain(kafka_bootstrap, out)) == sorted(rows[0].column(0).to_pylist())
+
+        # Order 2: the decision names A, then a late B re-initialises the id: A is aborted, B stays open.
+        a = write_partition(spec, rows, 0, 0)
+        assert a is not None
+        b = write_partition(spec, rows, 0, 1)
+        assert b is not None and hanging(kafka_bootstrap, out) == 50
+        settlement = settle(ctrl, tid, _state(a.state), raise_on_heuristic=False)
+        assert settlement.outcome is TransactionOutcome.ABORTED  # the loser's data is not committed instead
+        assert settlement.plan.decision.value == "abort"  # ... and the loser's open transaction is aborted
+        assert len(drain(kafka_bootstrap, out)) == 50 and hanging(kafka_bootstrap, out) == 0
+
+
+def _state(text: str) -> PreparedTxnState:
+    return PreparedTxnState(text)
+
+
+def test_replayed_batch_is_completed_not_written_again(
+    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """Calling the sink twice with one batch id (what a restarted query does) writes the rows once."""
+    out = topic_factory(partitions=2)
+    sink = KafkaTwoPhaseSink(
+        {"bootstrap.servers": kafka_bootstrap}, topic=out, checkpoint_location=str(tmp_path / "chk")
+    )
+    df = spark.range(0, 500, numPartitions=3).selectExpr("CAST(id AS STRING) AS value")
+    sink(df, 7)
+    sink(df, 7)
+    first, second = sink.metrics
+    assert not first.replayed and first.transactions_committed == 3 and first.records == 500
+    assert second.replayed and second.transactions_prepared == 0 and second.records == 500
+    assert_exactly_once(kafka_bootstrap, out, values(500))
+
+
+def test_leftover_transactions_are_settled_before_new_data(
+    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """Prepared transactions of a crashed run, under the sink's ids, are aborted before the first write."""
+    import pyarrow as pa
+    from kafka2pc.recipes.spark_sink import _WriterSpec, write_partition
+
+    out = topic_factory(partitions=1)
+    sink_id = f"left-{uuid.uuid4().hex[:8]}"
+    spec = _WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"kafka2pc-spark-{sink_id}", out, ("value",), 0)
+    for partition in (0, 5):  # 5: an id from a run with more partitions than this one
+        write_partition(spec, [pa.RecordBatch.from_pydict({"value": [b"stale"] * 20})], partition, 0)
+    assert hanging(kafka_bootstrap, out) == 40
+
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, sink_id=sink_id,
+                             checkpoint_location=str(tmp_path / "chk"))
+    sink(spark.range(0, 100, numPartitions=2).selectExpr("CAST(id AS STRING) AS value"), 0)
+    metrics = sink.last_batch_metrics
+    assert metrics is not None and metrics.leftovers_aborted == 2
+    assert_exactly_once(kafka_bootstrap, out, values(100))
+
+    # recover() does the same on demand (e.g. after a query was stopped mid-batch).
+    write_partition(spec, [pa.RecordBatch.from_pydict({"value": [b"stale"] * 20})], 1, 0)
+    assert hanging(kafka_bootstrap, out) == 20
+    assert sink.recover() == 1
+    assert_exactly_once(kafka_bootstrap, out, values(100))
+
+
+def test_columns_key_topic_partition_headers(
+    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """The Kafka sink's columns: per-row topic, key, explicit partition and headers reach Kafka as given."""
+    t1, t2 = topic_factory(partitions=3), topic_factory(partitions=3)
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, checkpoint_location=str(tmp_path / "chk"))
+    df = spark.range(0, 60, numPartitions=2).selectExpr(
+        f"IF(id % 2 = 0, '{t1}', '{t2}') AS topic",
+        "CAST(id AS STRING) AS key",
+        "CAST(CONCAT('v', id) AS BINARY) AS value",
+        "CAST(id % 3 AS INT) AS partition",
+        "ARRAY(NAMED_STRUCT('key', 'id', 'value', CAST(CAST(id AS STRING) AS BINARY))) AS headers",
+    )
+    sink(df, 0)
+    seen = {}
+    for topic in (t1, t2):
+        for msg in _consume_with_headers(kafka_bootstrap, topic, 30):
+            i = int(msg.key())
+            assert msg.topic() == (t1 if i % 2 == 0 else t2)
+            assert msg.partition() == i % 3
+            assert msg.value() == f"v{i}".encode()
+            assert msg.headers() == [("id", str(i).encode())]
+            seen[i] = msg.topic()
+    assert sorted(seen) == list(range(60))
+
+    with pytest.raises(UsageError, match="value"):
+        sink(spark.range(3).selectExpr("CAST(id AS STRING) AS key"), 1)
+    with pytest.raises(UsageError, match="topic"):
+        KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, checkpoint_location=str(tmp_path / "c2"))(
+            spark.range(3).selectExpr("CAST(id AS STRING) AS value"), 0
+        )
+    with pytest.raises(UsageError, match="transactional"):
+        KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap, "transactional.id": "x"}, topic=t1)
+
+
+def _consume_with_headers(bootstrap: str, topic: str, expected: int) -> list[Any]:
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex}", "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed", "enable.auto.commit": False,
+    })
+    consumer.subscribe([topic])
+    messages: list[Any] = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(messages) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                messages.append(msg)
+    finally:
+        consumer.close()
+    assert len(messages) == expected
+    return messages
+
+
+@pytest.mark.parametrize("kind", ["local", "hadoop"])
+def test_decision_store_is_append_only(spark: SparkSession, tmp_path: Path, kind: str) -> None:
+    """Decisions are created atomically, never replaced; the highest revision of a batch wins; old ones purge."""
+    store = LocalDecisionStore(tmp_path / "d") if kind == "local" else HadoopDecisionStore(
+        spark, f"file://{tmp_path / 'd'}"
+    )
+    assert store.get(0) is None and store.latest() is None
+    txn = SinkTransaction(0, "kafka2pc-spark-x-0", "k2pc1:5:0:0a1b2c3d:0:17:out", 10)
+    for batch in range(5):
+        store.put(SinkDecision("x", batch, 0, (txn,), 1))
+    with pytest.raises(FileExistsError):
+        store.put(SinkDecision("x", 3, 0, (), 2))
+    store.put(SinkDecision("x", 3, 1, (), 3))
+    got = store.get(3)
+    assert got is not None and got.revision == 1 and got.transactions == ()
+    latest = store.latest()
+    assert latest is not None and latest.batch_id == 4 and latest.transactions == (txn,)
+    assert store.purge(3) == 3
+    assert store.get(2) is None and store.get(4) is not None
+    assert not [p for p in (tmp_path / "d").iterdir() if p.name.endswith(".tmp")]
