@@ -15,7 +15,13 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+  if ! "$PY" -m venv .venv 2>/dev/null; then
+    # Debian's python3 ships venv/ensurepip separately.
+    rm -rf .venv
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-venv >/dev/null
+    "$PY" -m venv .venv
+  fi
 fi
 extras=${KAFKA2PC_EXTRAS:-}
 stamp=".venv/.kafka2pc-installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${extras//,/_}"
