@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,7 +22,7 @@ from kafka2pc._exceptions import (
     UsageError,
 )
 from kafka2pc._machine import StateMachine, TxnState
-from kafka2pc._recovery import Settlement, TransactionOutcome, settle
+from kafka2pc._recovery import Settlement, settle
 from kafka2pc._state import PreparedTxnState
 from kafka2pc._types import TopicPartition
 
@@ -97,7 +96,6 @@ class TwoPhaseCommitProducer:
         self._producer_id = -1
         self._epoch = -1
         self._ids_stale = True
-        self._lock = threading.Lock()
         self._anchor: tuple[str, int, int] | None = None
         self._delivery_error: KafkaError | None = None
         self._prepared: PreparedTxnState | None = None
@@ -468,6 +466,3 @@ class TwoPhaseCommitProducer:
 class QueueFullError(RetriableError, BufferError):
     """The producer's local queue is full: call ``poll()`` and retry (also a ``BufferError``)."""
 
-
-# Re-exported for typing convenience.
-_ = TransactionOutcome

@@ -231,7 +231,7 @@ class LocalKafka:
                 )
         fresh = not self.cluster_id
         if fresh:
-            self.cluster_id = self._random_uuid(libs)
+            self.cluster_id = _random_cluster_id()
             if self.home.exists():
                 shutil.rmtree(self.home)
         for node in self.nodes:
@@ -384,12 +384,6 @@ class LocalKafka:
         data["nodes"] = [_Node(**n) for n in data["nodes"]]
         return LocalKafka(**data)
 
-    def _random_uuid(self, libs: Path) -> str:
-        del libs  # KRaft cluster ids are base64url-encoded UUIDs; no JVM needed
-        import base64
-
-        return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-
     def _write_config(self, node: _Node) -> None:
         ndir = self.home / f"node{node.node_id}"
         ndir.mkdir(parents=True, exist_ok=True)
@@ -424,6 +418,13 @@ class LocalKafka:
         if proc.returncode != 0:
             raise BrokerError(f"formatting KRaft storage failed:\n{proc.stdout}{proc.stderr}")
         self._save()
+
+
+def _random_cluster_id() -> str:
+    """A KRaft cluster id: a base64url-encoded UUID (no JVM needed to make one)."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
 def _all_clusters() -> list[LocalKafka]:
