@@ -6,7 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KAFKA2PC_EXTRAS=test,spark bash scripts/setup.sh
-export KAFKA2PC_PG_ADMIN_URL=${KAFKA2PC_PG_ADMIN_URL:-$(bash scripts/start-postgres.sh)}
+if [ -z "${KAFKA2PC_PG_ADMIN_URL:-}" ]; then
+  KAFKA2PC_PG_ADMIN_URL=$(bash scripts/start-postgres.sh | tail -n1)
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "test.sh: PostgreSQL did not start" >&2; exit 1; }
+fi
+export KAFKA2PC_PG_ADMIN_URL
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -29,7 +29,12 @@ def fresh_database(admin_url: str | None = None) -> Iterator[str]:
     import sqlalchemy as sa
 
     admin_url = admin_url or os.environ.get("KAFKA2PC_PG_ADMIN_URL", DEFAULT_ADMIN_URL)
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    except sa.exc.ArgumentError as exc:
+        raise PostgresUnavailable(
+            f"KAFKA2PC_PG_ADMIN_URL is not a SQLAlchemy URL: {admin_url!r}"
+        ) from exc
     name = f"kafka2pc_test_{uuid.uuid4().hex[:10]}"
     try:
         with admin.connect() as conn:
