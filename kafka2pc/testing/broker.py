@@ -411,7 +411,7 @@ class LocalKafka:
         ndir = self.home / f"node{node.node_id}"
         proc = subprocess.run(
             [_java(), "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format",
-             "-t", self.cluster_id, "-c", str(ndir / "server.properties"), "--ignore-formatted"],
+             f"--cluster-id={self.cluster_id}", "-c", str(ndir / "server.properties"), "--ignore-formatted"],
             capture_output=True,
             text=True,
         )
@@ -421,10 +421,17 @@ class LocalKafka:
 
 
 def _random_cluster_id() -> str:
-    """A KRaft cluster id: a base64url-encoded UUID (no JVM needed to make one)."""
+    """A KRaft cluster id: a base64url-encoded UUID (no JVM needed to make one).
+
+    Like Kafka's ``Uuid.randomUuid()``, never one that starts with ``-``: the
+    storage tool's argument parser would read it as an option (1 in 64 ids).
+    """
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _all_clusters() -> list[LocalKafka]:
