@@ -472,13 +472,15 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
                 state = PreparedTxnState(row.prepared_txn_state)
                 if locks is not None:
                     # Settle under the row lock, with the state as it is now: a live
-                    # writer holds the same lock until its database commit.
-                    with locks.hold(row.transactional_id) as current:
-                        entry["stored_state"] = current
-                        state = PreparedTxnState(current)
+                    # writer holds the same lock from its state update to its commit.
+                    with locks.hold(row.transactional_id) as held:
+                        entry["stored_state"] = held.state
+                        state = PreparedTxnState(held.state)
                         settlement = admin.complete_transaction(
                             row.transactional_id, state, fence=True, raise_on_heuristic=False
                         )
+                        if settlement.plan.decision.value != "nothing":
+                            held.taken_over()  # fenced: a live writer must learn it before it commits
                     plan = settlement.plan
                     entry["outcome"] = settlement.outcome.value
                     entry["heuristic"] = settlement.heuristic

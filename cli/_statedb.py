@@ -11,11 +11,16 @@ The recipe keeps one row per transactional id::
 The CLI reads those three columns itself instead of importing the recipe, so
 that it works on any database the recipe wrote (and on tables an application
 keeps in the same shape), and so that the CLI never depends on recipe code.
-It never changes a row: settling happens in Kafka, and the rows record what
-the *database* decided, which recovery must not change.  While ``recover``
-settles a transactional id it holds that row's lock (:class:`RowLocks`), the
-same lock the recipe's writer holds from its transaction's start to its
-database commit, so it never settles under a live writer's feet.
+It never changes a row's values: settling happens in Kafka, and the rows
+record what the *database* decided, which recovery must not change.  While
+``recover`` settles a transactional id it holds that row's lock
+(:class:`RowLocks`), the lock the recipe's writer takes to store its state
+and holds until its database commit, so it never settles a transaction whose
+commit is under way.  When it did settle something (and so fenced the
+writer's producer) it commits its no-op update: on PostgreSQL that gives the
+row a new version, which tells a live writer, at its next state update, that
+it was taken over (the recipe's optimistic check), so it rolls back instead
+of committing a transaction Kafka no longer holds.
 
 Imported only by the ``in-doubt`` and ``recover`` commands (SQLAlchemy is heavy).
 """
@@ -146,11 +151,26 @@ def _state_table(table: str) -> sa.TableClause:
     )
 
 
+class HeldRow:
+    """The state row :meth:`RowLocks.hold` has locked."""
+
+    def __init__(self, state: str | None) -> None:
+        self.state = state
+        """The stored prepared state (``None`` = empty)."""
+        self.changed = False
+
+    def taken_over(self) -> None:
+        """Record that the transactional id was fenced: the row gets a new version when the lock is released."""
+        self.changed = True
+
+
 class RowLocks:
     """Holds one state row's lock at a time while its transaction is settled.
 
     The lock is taken with a no-op ``UPDATE`` (a row lock on PostgreSQL, the
-    write lock on SQLite) and released by rolling back, so no row ever changes.
+    write lock on SQLite) and released by rolling back, so no row ever changes;
+    unless the block calls :meth:`HeldRow.taken_over`, then it is committed
+    (values unchanged, a new row version: see the module docstring).
     """
 
     def __init__(self, db_url: str, table: str = DEFAULT_TABLE, *, timeout_s: float = 15.0) -> None:
@@ -160,8 +180,8 @@ class RowLocks:
         self._timeout_ms = max(1, int(timeout_s * 1000))
 
     @contextmanager
-    def hold(self, transactional_id: str) -> Iterator[str | None]:
-        """Lock the row of ``transactional_id`` and yield its current prepared state (``None`` = empty)."""
+    def hold(self, transactional_id: str) -> Iterator[HeldRow]:
+        """Lock the row of ``transactional_id``; yield its current prepared state (``None`` = empty)."""
         t = self._table
         with self._engine.connect() as conn:
             txn = conn.begin()
@@ -175,8 +195,18 @@ class RowLocks:
                     sa.select(t.c.prepared_txn_state).where(t.c.transactional_id == transactional_id)
                 ).scalar_one_or_none()
                 text = str(state).strip() if state is not None else ""
-                yield text or None
-            finally:
+                held = HeldRow(text or None)
+                yield held
+            except BaseException:
+                # The settlement failed part-way: it may have fenced the writer, so tell it.
+                try:
+                    txn.commit()
+                except sa.exc.SQLAlchemyError:
+                    txn.rollback()
+                raise
+            if held.changed:
+                txn.commit()
+            else:
                 txn.rollback()
 
     def close(self) -> None:

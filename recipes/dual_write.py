@@ -106,6 +106,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_STATE_TABLE: Final = "kafka_transaction_state"
 DEFAULT_OUTBOX_TABLE: Final = "kafka_transaction_outbox"
 _SETTLE_LOCK_TIMEOUT_MS: Final = 30_000
+# PostgreSQL's system column naming the transaction that wrote a row version: the
+# state row's optimistic concurrency token (compared as text, 32-bit xid: a false
+# match needs 2**32 transactions between a writer's two commits *and* a hit).
+_XMIN: Final[sa.ColumnClause[str]] = sa.literal_column("CAST(xmin AS text)")
+_ROW_CHANGED: Final = "kafka2pc: the state row changed (another writer took over the transactional id)"
 
 Bind = Session | sa.Connection
 """What :meth:`DualWriter.transaction` runs on: an ORM Session or a Core Connection."""
@@ -285,15 +290,17 @@ class _Bound:
     flush: Callable[[], None]
     commit: Callable[[], None]
     rollback: Callable[[], None]
+    session: bool
+    """True for a Session: its ``commit()`` may run hooks that write, so it must send the COMMIT itself."""
 
 
 def _bind(bind: Bind) -> _Bound:
     if isinstance(bind, Session):
-        return _Bound(bind.connection(), bind.flush, bind.commit, bind.rollback)
+        return _Bound(bind.connection(), bind.flush, bind.commit, bind.rollback, True)
     if isinstance(bind, sa.Connection):
         if not bind.in_transaction():
             bind.begin()
-        return _Bound(bind, lambda: None, bind.commit, bind.rollback)
+        return _Bound(bind, lambda: None, bind.commit, bind.rollback, False)
     raise UsageError(f"transaction() takes a SQLAlchemy Session or Connection, not {type(bind).__name__}")
 
 
@@ -491,6 +498,10 @@ class DualWriter:
         self._owner: int | None = None
         self._producer: TwoPhaseCommitProducer | None = None
         self._last_state: str | None = None
+        # PostgreSQL: the state row's xmin as this writer last committed it, its
+        # optimistic concurrency token (see _store_state).  None: unknown, so the
+        # next transaction locks the row first.
+        self._token: str | None = None
         self._fenced = False
         self._needs_recovery = False
         self._outbox_dirty = True
@@ -597,18 +608,22 @@ class DualWriter:
             self._ensure_ready()
             producer = self._require_producer()
             bound = _bind(bind)
-            tx = DualWriteTransaction(self, producer, bound.connection)
+            conn = bound.connection
+            tx = DualWriteTransaction(self, producer, conn)
             kafka_begun = False
+            # The token is spent here; only a committed transaction hands out a new one.
+            token, self._token = (self._token if conn.dialect.name == "postgresql" else None), None
             self._open_since = time.monotonic()
             try:
-                stored = self._lock_state(bound.connection)
-                if stored != self._last_state:
-                    self._fenced = True
-                    raise ProducerFencedError(
-                        f"{self._tid!r}: the state row holds {stored!r}, not {self._last_state!r} which this "
-                        "writer stored last: another instance wrote under the same transactional id; "
-                        "this one stops (recover() takes over again)"
-                    )
+                if token is None:
+                    stored, token = self._lock_state(conn)
+                    if stored != self._last_state:
+                        self._fenced = True
+                        raise ProducerFencedError(
+                            f"{self._tid!r}: the state row holds {stored!r}, not {self._last_state!r} which this "
+                            "writer stored last: another instance wrote under the same transactional id; "
+                            "this one stops (recover() takes over again)"
+                        )
                 if self._retain and self._outbox_dirty:
                     self._delete_outbox(bound.connection)
                 self._step(Step.DB_BEGUN)
@@ -622,8 +637,14 @@ class DualWriter:
                 tx._prepared = state
                 self._step(Step.PREPARED)
                 if self._retain:
-                    self._insert_outbox(bound.connection, state, tx._records)
-                self._store_state(bound.connection, state)
+                    self._insert_outbox(conn, state, tx._records)
+                commit_statement = None
+                if token is not None and not bound.session and conn.dialect.driver == "psycopg":
+                    # PostgreSQL over psycopg 3: the state update and the COMMIT go in one
+                    # round trip (see _cas_and_commit); Steps as if they were two.
+                    commit_statement = self._cas_and_commit(conn, state, token)
+                else:
+                    token = self._store_state(conn, state, token)
                 self._step(Step.STATE_STORED)
                 self._step(Step.DB_COMMITTING)
             except BaseException as exc:
@@ -636,7 +657,7 @@ class DualWriter:
                     ) from exc
                 raise
             try:
-                self._finish(bound, producer, state)
+                self._finish(bound, producer, state, commit_statement, token)
             finally:
                 self._open_since = None
 
@@ -698,27 +719,40 @@ class DualWriter:
                     raise
                 producer.poll(0.05)
 
-    def _lock_state(self, conn: sa.Connection) -> str | None:
-        """Lock this id's state row in ``conn``'s transaction and return the stored state.
+    def _lock_state(self, conn: sa.Connection) -> tuple[str | None, str | None]:
+        """Lock this id's state row in ``conn``'s transaction; return the stored state and the row's token.
 
-        Row-locking databases (PostgreSQL, ...): ``SELECT .. FOR UPDATE``; the
-        row exists from the first recovery on, and a missing one is upserted,
-        which locks it as well (concurrent upserts of a new row serialize on
-        its key).  SQLite has no row locks: the upsert's write takes the
-        database's write lock, held until COMMIT.
+        PostgreSQL: an ``UPDATE .. RETURNING`` of ``updated_at``, which locks
+        the row *and* gives it a new ``xmin``: every token another instance
+        holds is void from then on (see :meth:`_store_state`).  The token
+        returned is that ``xmin``.  Other row-locking databases:
+        ``SELECT .. FOR UPDATE``, no token.  The row exists from the first
+        recovery on; a missing one is upserted, which locks it as well
+        (concurrent upserts of a new row serialize on its key).  SQLite has
+        no row locks: the upsert's write takes the database's write lock,
+        held until COMMIT.
         """
         table = self._state
         dialect = conn.dialect.name
-        if self._lock_timeout_ms is not None and dialect == "postgresql":
-            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(self._lock_timeout_ms)}")
+        where = table.c.transactional_id == self._tid
+        if dialect == "postgresql":
+            if self._lock_timeout_ms is not None:
+                conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(self._lock_timeout_ms)}")
+            touched = conn.execute(
+                sa.update(table).where(where).values(updated_at=_utcnow()).returning(table.c.prepared_txn_state, _XMIN)
+            ).first()
+            if touched is None:
+                self._upsert_state_row(conn)
+                touched = conn.execute(sa.select(table.c.prepared_txn_state, _XMIN).where(where)).one()
+            return touched[0], touched[1]
         if dialect != "sqlite":
             locked = conn.execute(
                 sa.select(table.c.prepared_txn_state).where(table.c.transactional_id == self._tid).with_for_update()
             ).first()
             if locked is not None:
                 stored: str | None = locked[0]
-                return stored
-        return self._upsert_state_row(conn)
+                return stored, None
+        return self._upsert_state_row(conn), None
 
     def _upsert_state_row(self, conn: sa.Connection) -> str | None:
         """Insert the state row if missing, else touch ``updated_at``; return the stored state."""
@@ -751,15 +785,87 @@ class DualWriter:
         stored: str | None = conn.execute(sa.select(table.c.prepared_txn_state).where(where)).scalar_one()
         return stored
 
-    def _store_state(self, conn: sa.Connection, state: PreparedTxnState) -> None:
+    def _store_state(self, conn: sa.Connection, state: PreparedTxnState, token: str | None) -> str | None:
+        """Write ``state`` into the state row; with a PostgreSQL ``token``, only if the row is unchanged.
+
+        The optimistic check (PostgreSQL): the row must still carry the
+        ``xmin`` this writer saw when it last wrote or locked it, and the
+        state it stored last.  Every other writer of the row (another
+        instance's recovery or transaction, ``kafka2pc recover``) gives it a
+        new ``xmin``, so a writer that was taken over finds out here, before
+        its database commit, and rolls back.  Returns the row's new token.
+        """
         table = self._state
-        result = conn.execute(
-            sa.update(table)
-            .where(table.c.transactional_id == self._tid)
-            .values(prepared_txn_state=str(state), updated_at=_utcnow())
+        where = table.c.transactional_id == self._tid
+        values = {"prepared_txn_state": str(state), "updated_at": _utcnow()}
+        if token is None:
+            if conn.execute(sa.update(table).where(where).values(**values)).rowcount != 1:
+                raise IllegalStateError(f"{self._tid!r}: the locked state row disappeared")
+            return None
+        guarded = sa.and_(
+            where,
+            sa.text("xmin = CAST(:k2pc_token AS xid)").bindparams(k2pc_token=token),
+            table.c.prepared_txn_state.is_not_distinct_from(self._last_state),
         )
-        if result.rowcount != 1:
-            raise IllegalStateError(f"{self._tid!r}: the locked state row disappeared")
+        new_token: str | None = conn.execute(
+            sa.update(table).where(guarded).values(**values).returning(_XMIN)
+        ).scalar_one_or_none()
+        if new_token is None:
+            raise self._taken_over()
+        return new_token
+
+    def _cas_and_commit(self, conn: sa.Connection, state: PreparedTxnState, token: str) -> Any:
+        """:meth:`_store_state`'s guarded update followed by ``COMMIT``: one statement text, one round trip.
+
+        Sent with the simple query protocol (no parameters; values quoted by
+        psycopg), so PostgreSQL runs both in order and skips the ``COMMIT``
+        if the update fails.  A changed row makes the update's result fail a
+        cast, on purpose, naming the reason: the transaction then rolls back
+        instead of committing without its state.
+        """
+        from psycopg import sql
+
+        table = self._state
+        name = sql.Identifier(table.schema, table.name) if table.schema else sql.Identifier(table.name)
+        return sql.SQL(
+            "WITH u AS (UPDATE {table} SET prepared_txn_state = {state}, updated_at = {now} "
+            "WHERE transactional_id = {tid} AND xmin = {token}::xid "
+            "AND prepared_txn_state IS NOT DISTINCT FROM {last}::text RETURNING xmin::text AS t) "
+            "SELECT CAST(COALESCE((SELECT t FROM u), {changed}) AS bigint); COMMIT"
+        ).format(
+            table=name, state=sql.Literal(str(state)), now=sql.Literal(_utcnow()), tid=sql.Literal(self._tid),
+            token=sql.Literal(token), last=sql.Literal(self._last_state), changed=sql.Literal(_ROW_CHANGED),
+        )
+
+    def _run_cas_and_commit(self, conn: sa.Connection, statement: Any) -> str:
+        """Send :meth:`_cas_and_commit`'s text on ``conn``; return the new token.
+
+        Through SQLAlchemy (errors arrive as ``sqlalchemy.exc.DBAPIError``, a
+        dead connection is invalidated) with ``no_parameters``, so that psycopg
+        uses the simple query protocol, which allows two statements.
+        """
+        import psycopg
+
+        driver = conn.connection.driver_connection
+        if driver is None:
+            raise IllegalStateError(f"{self._tid!r}: the database connection is closed")
+        try:
+            token = conn.exec_driver_sql(
+                statement.as_string(driver), execution_options={"no_parameters": True}
+            ).scalar_one()
+        except sa.exc.DBAPIError as exc:
+            if isinstance(exc.orig, psycopg.errors.InvalidTextRepresentation) and _ROW_CHANGED in str(exc.orig):
+                raise self._taken_over() from exc
+            raise
+        return str(token)
+
+    def _taken_over(self) -> ProducerFencedError:
+        self._fenced = True
+        return ProducerFencedError(
+            f"{self._tid!r}: the state row changed since this writer last wrote it: another instance (or an "
+            "operator's `kafka2pc recover`) took over the transactional id; this transaction is rolled back on "
+            "both sides and this writer stops (recover() takes over again)"
+        )
 
     def _read_state_settled(self) -> str | None:
         """Read the stored state in a new connection, after any unfinished transaction on the row ended.
@@ -825,15 +931,24 @@ class DualWriter:
             logger.warning("%s: abort after %r failed (%s); %s", self._tid, cause, exc,
                            "fenced: this writer stops" if self._fenced else "recovering before the next transaction")
 
-    def _finish(self, bound: _Bound, producer: TwoPhaseCommitProducer, state: PreparedTxnState) -> None:
+    def _finish(
+        self, bound: _Bound, producer: TwoPhaseCommitProducer, state: PreparedTxnState,
+        commit_statement: Any, token: str | None,
+    ) -> None:
         try:
-            bound.commit()
+            if commit_statement is not None:
+                token = self._run_cas_and_commit(bound.connection, commit_statement)
+            bound.commit()  # after _run_cas_and_commit: bookkeeping only, psycopg sends nothing
+        except ProducerFencedError as exc:  # the guarded update failed: nothing committed
+            self._rollback_both(bound, producer, exc)
+            raise
         except BaseException as exc:
             if not self._settle_unknown_db_commit(bound, producer, state, exc):
                 self._rolled_back += 1
                 raise
             self._committed += 1
             return
+        self._token = token
         self._last_state = str(state)
         self._outbox_dirty = self._retain
         self._step(Step.DB_COMMITTED)
@@ -940,7 +1055,8 @@ class DualWriter:
         with self._engine.connect() as conn:
             conn.begin()
             try:
-                stored = self._lock_state(conn)
+                self._token = None  # the first transaction after a recovery locks the row again
+                stored, _ = self._lock_state(conn)
                 state = PreparedTxnState(stored) if stored else PreparedTxnState()
                 self._step(Step.RECOVERY_LOCKED)
                 producer = TwoPhaseCommitProducer(self._config)
@@ -1061,7 +1177,7 @@ class DualWriter:
         new_state = producer.prepare_transaction(self._kafka_timeout_s)
         self._step(Step.PREPARED)
         conn.execute(sa.update(outbox).where(where).values(prepared_txn_state=str(new_state)))
-        self._store_state(conn, new_state)
+        self._store_state(conn, new_state, None)  # the recovery holds the row lock
         self._step(Step.STATE_STORED)
         self._step(Step.DB_COMMITTING)
         conn.commit()

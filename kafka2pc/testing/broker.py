@@ -62,11 +62,6 @@ _LOG4J2 = """Configuration:
       PatternLayout:
         pattern: "[%d] %p %m (%c)%n"
   Loggers:
-    Logger:
-      - name: kafka.coordinator.transaction
-        level: DEBUG
-      - name: org.apache.kafka.coordinator.transaction
-        level: DEBUG
     Root:
       level: INFO
       AppenderRef:
@@ -78,7 +73,6 @@ log4j.appender.FILE=org.apache.log4j.FileAppender
 log4j.appender.FILE.File={log}
 log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
 log4j.appender.FILE.layout.ConversionPattern=[%d] %p %m (%c)%n
-log4j.logger.kafka.coordinator.transaction=DEBUG
 """
 
 

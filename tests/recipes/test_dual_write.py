@@ -6,7 +6,10 @@ Real broker, real PostgreSQL and SQLite.  Process crashes are in
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -253,23 +256,42 @@ def test_recover_all_settles_many_transactional_ids_in_parallel(pg_env: Env) -> 
 # -- two instances, one transactional id ------------------------------------------------------
 
 
-@pytest.mark.parametrize("second_settles_first", [False, True], ids=["first-commits", "second-commits"])
+@pytest.mark.parametrize(
+    ("paused_at", "second_settles_first"),
+    [("body", False), ("storing", False), ("storing", True)],
+    ids=["in-body", "storing-first-commits", "storing-second-commits"],
+)
 def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
-    env: Env, second_settles_first: bool
+    env: Env, db_url: str, paused_at: str, second_settles_first: bool
 ) -> None:
-    """The KIP's split brain: the state row lock serializes them, Kafka's epoch fences the older one.
+    """The KIP's split brain: the state row serializes them, Kafka's epoch fences the older one.
 
-    The second instance's recovery blocks on the row lock while the first is in
-    a transaction, then settles that transaction from the state the first
-    committed: either the first's own Kafka commit got there first
-    ("first-commits": recovery finds nothing open), or the second commits it
-    and the first's Kafka commit is fenced ("second-commits": the first sees
-    the outcome is committed and returns normally).  Either way the first is
-    fenced afterwards and its next transaction changes nothing.
+    The first instance is paused inside its block ("body") or between its
+    state update and its COMMIT ("storing", on a Session, whose COMMIT is a
+    round trip of its own) while a second instance with the same id recovers.
+
+    * While the first holds the state row's lock (SQLite: from its first
+      statement, PostgreSQL: from its state update) the second's recovery
+      waits, then settles the first's transaction from the state the first
+      committed: the first's own Kafka commit got there first
+      ("first-commits": nothing open) or the second commits it and the first's
+      Kafka commit is fenced ("second-commits": the first sees the outcome is
+      committed and returns normally).
+    * PostgreSQL, paused in the body: no lock is held yet (the optimistic
+      path), so the second takes over at once, aborting the first's open
+      Kafka transaction; the first learns it at its prepare or its guarded
+      state update and rolls back both sides.
+
+    Either way the first is fenced afterwards and its next transaction changes nothing.
     """
+    sqlite = db_url.startswith("sqlite")
     recovered = threading.Event()
+    paused, release = threading.Event(), threading.Event()
 
-    def first_waits_for_second(step: Step) -> None:
+    def first_pauses(step: Step) -> None:
+        if paused_at == "storing" and step is Step.DB_COMMITTING:
+            paused.set()
+            release.wait(10)
         if second_settles_first and step is Step.DB_COMMITTED:
             assert recovered.wait(30)  # the second recovers between our two commits
 
@@ -277,22 +299,22 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
     first = env.writer(on_step=control)
     first.recover()
     env.commit_one(first, "a-1")
-    control.fn = first_waits_for_second
-    in_body, release = threading.Event(), threading.Event()
+    control.fn = first_pauses
     errors: list[BaseException] = []
 
     def first_holds_a_transaction() -> None:
         try:
-            with env.engine.connect() as conn, first.transaction(conn) as tx:
-                env.write(first, conn, tx, "a-2")
-                in_body.set()
-                release.wait(10)
+            with Session(env.engine) as session, first.transaction(session) as tx:
+                env.write(first, session, tx, "a-2")
+                if paused_at == "body":
+                    paused.set()
+                    release.wait(10)
         except BaseException as exc:  # noqa: BLE001 - checked below
             errors.append(exc)
 
     holder = threading.Thread(target=first_holds_a_transaction)
     holder.start()
-    assert in_body.wait(10)
+    assert paused.wait(10)
     second_engine = sa.create_engine(env.engine.url)
     second = DualWriter(
         second_engine, {"bootstrap.servers": env.bootstrap, "transactional.id": first.transactional_id},
@@ -301,18 +323,27 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
     results: list[Any] = []
     recovery = threading.Thread(target=lambda: (results.append(second.recover()), recovered.set()))
     recovery.start()
-    # The second instance's recovery waits for the state row lock the first one holds.
-    assert not recovered.wait(1.5)
+    taken_over = paused_at == "body" and not sqlite
+    if taken_over:
+        assert recovered.wait(30)  # PostgreSQL: nothing locks the row while the first is in its block
+    else:
+        assert not recovered.wait(1.5)  # the second's recovery waits for the row lock the first holds
     release.set()
     holder.join(60)
     recovery.join(60)
-    assert recovered.is_set() and not errors  # the first one's transaction committed normally
+    assert recovered.is_set()
     decision = results[0].settlement.plan.decision.value
-    if second_settles_first:
-        assert decision == "commit" and first.fenced  # fenced during its Kafka commit, outcome read back
+    if taken_over:
+        assert decision == "abort"  # the first's open Kafka transaction
+        assert len(errors) == 1 and isinstance(errors[0], ProducerFencedError), errors
+        assert env.records() == ["a-1"] and env.rows() == {"a-1"}  # rolled back on both sides
     else:
-        assert decision == "nothing"
-    assert env.records() == ["a-1", "a-2"]
+        assert not errors  # the first one's transaction committed normally
+        if second_settles_first:
+            assert decision == "commit" and first.fenced  # fenced during its Kafka commit, outcome read back
+        else:
+            assert decision == "nothing"
+        assert env.records() == ["a-1", "a-2"]
 
     # The second instance fenced the first: its next transaction fails and changes nothing.
     with pytest.raises(ProducerFencedError):
@@ -321,30 +352,93 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
     env.commit_one(second, "b-1")
     with pytest.raises(ProducerFencedError):
         env.commit_one(first, "a-4")
-    assert env.rows() == {"a-1", "a-2", "b-1"}
+    assert env.rows() == ({"a-1", "b-1"} if taken_over else {"a-1", "a-2", "b-1"})
     env.assert_consistent()
     first.close()
     second.close()
     second_engine.dispose()
 
 
-def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str) -> None:
-    """With a lock timeout (PostgreSQL: lock_timeout_ms; SQLite: the driver's busy timeout) it does not wait."""
-    first = env.writer()
+@pytest.mark.parametrize("bind", ["connection", "session"])
+@pytest.mark.parametrize("taker", ["writer", "cli"])
+def test_a_takeover_after_the_prepare_is_caught_by_the_guarded_state_update(
+    pg_env: Env, bind: str, taker: str
+) -> None:
+    """PostgreSQL's optimistic path, in the one window Kafka cannot report: the first writer has
+    prepared, then another instance's recovery (or `kafka2pc recover`) aborts that prepared transaction
+    and fences the producer.  Committing the database now would be a heuristic outcome; the guarded
+    state update sees the row changed and rolls back both sides instead."""
+    env = pg_env
+    control = Hook()
+    first = env.writer(on_step=control)
     first.recover()
+    env.commit_one(first, "a-1")
+    second = env.writer()
+    took_over: list[Any] = []
+
+    def take_over(step: Step) -> None:
+        if step is Step.PREPARED and not took_over:
+            if taker == "writer":
+                took_over.append(second.recover().settlement.plan.decision.value)  # type: ignore[union-attr]
+            else:
+                proc = subprocess.run(
+                    [str(Path(sys.executable).parent / "kafka2pc"), "--bootstrap-server", env.bootstrap,
+                     "recover", "--db-url", env.engine.url.render_as_string(hide_password=False),
+                     "--output", "json"],
+                    capture_output=True, text=True, timeout=120,
+                )
+                assert proc.returncode == 0, proc.stderr
+                entries = json.loads(proc.stdout)["entries"]
+                took_over.extend(e["decision"] for e in entries if e["transactional_id"] == first.transactional_id)
+
+    control.fn = take_over
+    with pytest.raises(ProducerFencedError, match="state row changed"):
+        if bind == "connection":
+            env.commit_one(first, "a-2")
+        else:
+            with Session(env.engine) as session, first.transaction(session) as tx:
+                env.write(first, session, tx, "a-2")
+    assert took_over == ["abort"]  # the taker aborted the prepared, not yet stored, transaction
+    assert first.fenced
+    assert env.rows() == {"a-1"} and env.records() == ["a-1"]  # nothing of a-2 on either side
+    if taker == "writer":
+        env.commit_one(second, "b-1")
+    env.assert_consistent()
+    first.close()
+    second.close()
+
+
+def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str) -> None:
+    """With a lock timeout (PostgreSQL: lock_timeout_ms; SQLite: the driver's busy timeout) it does not wait.
+
+    The second instance recovers while the first holds the state row's lock:
+    between its state update and its COMMIT (on a Session, where those are
+    two round trips).
+    """
     sqlite = db_url.startswith("sqlite")
     impatient_engine = sa.create_engine(db_url, connect_args={"timeout": 0.3} if sqlite else {})
+    seen: dict[str, Any] = {}
+    control = Hook()
+    first = env.writer(on_step=control)
+    first.recover()
     second = DualWriter(
         impatient_engine, {"bootstrap.servers": env.bootstrap, "transactional.id": first.transactional_id},
         state_table=env.states, lock_timeout_ms=None if sqlite else 300,
     )
-    with env.engine.connect() as conn, first.transaction(conn) as tx:
-        env.write(first, conn, tx, "held")
-        started = time.monotonic()
-        with pytest.raises(sa.exc.OperationalError, match="lock"):
-            second.recover()
-        assert time.monotonic() - started < 5
-        assert second.producer is None  # it stopped before creating a producer: nothing fenced
+
+    def second_recovers(step: Step) -> None:
+        if step is Step.DB_COMMITTING and "took" not in seen:
+            started = time.monotonic()
+            with pytest.raises(sa.exc.OperationalError, match="lock"):
+                second.recover()
+            seen["took"] = time.monotonic() - started
+            seen["producer"] = second.producer
+
+    control.fn = second_recovers
+    with Session(env.engine) as session, first.transaction(session) as tx:
+        env.write(first, session, tx, "held")
+    assert seen["took"] < 5
+    assert seen["producer"] is None  # it stopped before creating a producer: nothing fenced
     assert env.records() == ["held"]  # the first instance was not disturbed
     env.assert_consistent()
     first.close()
@@ -353,13 +447,14 @@ def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str
 
 
 def test_a_writer_whose_state_row_was_changed_by_another_instance_stops(env: Env) -> None:
-    """Even before Kafka tells it, a writer sees a foreign state in the locked row and stops."""
+    """A writer taken over by another instance stops: Kafka fences it (PostgreSQL, where nothing is
+    locked before the state update) or it sees a foreign state in the locked row first (SQLite)."""
     first, second = env.writer(), env.writer()
     first.recover()
     env.commit_one(first, "a-1")
     second.recover()
     env.commit_one(second, "b-1")
-    with pytest.raises(ProducerFencedError, match="another instance wrote"):
+    with pytest.raises(ProducerFencedError, match="another instance|fenced"):
         env.commit_one(first, "a-2")
     assert env.rows() == {"a-1", "b-1"}
     env.assert_consistent()
@@ -476,7 +571,9 @@ class CommitReplyDropper:
     def _pump_up(self, client: socket.socket, server: socket.socket, swallow: threading.Event) -> None:
         try:
             while data := client.recv(65536):
-                if self.armed.is_set() and b"Q\x00\x00\x00\x0bCOMMIT\x00" in data:
+                # A simple-protocol query ending in COMMIT: "COMMIT" alone, or the recipe's
+                # state update and COMMIT sent together.
+                if self.armed.is_set() and data[:1] == b"Q" and data.endswith(b"COMMIT\x00"):
                     self.armed.clear()
                     swallow.set()
                 server.sendall(data)
