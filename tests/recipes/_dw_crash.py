@@ -15,6 +15,7 @@ their observations (the recovery result) to ``job["results"]``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
 
 
 def items_table(metadata: sa.MetaData) -> sa.Table:
@@ -141,12 +143,17 @@ def run_job(job: dict[str, Any]) -> None:
         _consume_transform_produce(job, engine, items, writer, phase)
         return
     topic = job["topic"]
+    # Odd runs write through an ORM Session: on PostgreSQL its state update and COMMIT are two
+    # round trips, on a Connection one (the recipe's two code paths, both killed at every step).
+    use_session = job.get("session", job["run"] % 2 == 1)
     for j in range(job.get("transactions", 2)):
         phase["txn"] = j
-        with engine.connect() as conn, writer.transaction(conn) as tx:
+        with contextlib.ExitStack() as stack:
+            bind: Any = stack.enter_context(Session(engine) if use_session else engine.connect())
+            tx = stack.enter_context(writer.transaction(bind))
             for m in range(job.get("records", 2)):
                 rid = f"{job['series']}:{job['run']}-{j}-{m}"
-                conn.execute(items.insert().values(id=rid, series=job["series"]))
+                bind.execute(items.insert().values(id=rid, series=job["series"]))
                 tx.produce(topic, value=rid.encode(), key=rid.encode())
     if job.get("hang_after"):
         _kill_self()
