@@ -160,9 +160,16 @@ def outcome_of(ctrl: ControlPlane, state: PreparedTxnState) -> TransactionOutcom
 
 
 def plan(
-    ctrl: ControlPlane, transactional_id: str, state: PreparedTxnState, *, settle_timeout_s: float = 30.0
+    ctrl: ControlPlane, transactional_id: str, state: PreparedTxnState, *, settle_timeout_s: float = 30.0,
+    lso_wait_s: float = 5.0,
 ) -> RecoveryPlan:
-    """Decide what recovery would do for ``transactional_id`` given the stored ``state``; change nothing."""
+    """Decide what recovery would do for ``transactional_id`` given the stored ``state``; change nothing.
+
+    ``settle_timeout_s`` bounds the wait for the coordinator to leave
+    PrepareCommit/PrepareAbort; ``lso_wait_s`` the wait for the last stable
+    offset to pass a decided transaction's anchor before its outcome is
+    reported as ``unknown``.
+    """
     state.check_transactional_id(transactional_id)
     desc = _describe_settled(ctrl, transactional_id, settle_timeout_s)
     is_open = desc is not None and desc.state == "Ongoing"
@@ -172,9 +179,15 @@ def plan(
             "the open transaction is the prepared one the database committed",
         )
     stored = outcome_of(ctrl, state)
+    deadline = time.monotonic() + lso_wait_s
+    while stored is TransactionOutcome.ONGOING and time.monotonic() < deadline:
+        # Not the coordinator's open transaction, so it is decided, but the last stable
+        # offset is not past its anchor yet: its markers are still being written (seen
+        # right after a coordinator resumed), or another producer's open transaction
+        # holds the LSO back.  Both usually pass within milliseconds.
+        time.sleep(0.05)
+        stored = outcome_of(ctrl, state)
     if stored is TransactionOutcome.ONGOING:
-        # Not the coordinator's open transaction, so it is decided; the last stable
-        # offset is held back by another producer's open transaction.
         stored = TransactionOutcome.UNKNOWN
     heuristic = stored is TransactionOutcome.ABORTED
     if is_open:
