@@ -159,6 +159,21 @@ def outcome_of(ctrl: ControlPlane, state: PreparedTxnState) -> TransactionOutcom
     return TransactionOutcome(ctrl.record_outcome(TopicPartition(topic, tp.partition), offset))
 
 
+def _markers_pending(ctrl: ControlPlane, state: PreparedTxnState) -> bool:
+    """Is the transaction ``state`` names still open on its anchor's partition (marker not written)?"""
+    anchor = state.anchor
+    if anchor is None:
+        return False
+    tp, offset = anchor
+    topic = _resolve_anchor_topic(tp.topic, ctrl.topic_names())
+    if topic is None:
+        return False
+    return any(
+        p.producer_id == state.producer_id and p.current_txn_start_offset == offset
+        for p in ctrl.describe_producers(TopicPartition(topic, tp.partition))
+    )
+
+
 def plan(
     ctrl: ControlPlane, transactional_id: str, state: PreparedTxnState, *, settle_timeout_s: float = 30.0,
     lso_wait_s: float = 5.0,
@@ -166,9 +181,10 @@ def plan(
     """Decide what recovery would do for ``transactional_id`` given the stored ``state``; change nothing.
 
     ``settle_timeout_s`` bounds the wait for the coordinator to leave
-    PrepareCommit/PrepareAbort; ``lso_wait_s`` the wait for the last stable
-    offset to pass a decided transaction's anchor before its outcome is
-    reported as ``unknown``.
+    PrepareCommit/PrepareAbort; ``lso_wait_s`` the wait for a decided
+    transaction's marker to reach its anchor's partition.  When another
+    producer's open transaction holds the last stable offset back, the stored
+    transaction's outcome is reported as ``unknown`` at once.
     """
     state.check_transactional_id(transactional_id)
     desc = _describe_settled(ctrl, transactional_id, settle_timeout_s)
@@ -180,14 +196,16 @@ def plan(
         )
     stored = outcome_of(ctrl, state)
     deadline = time.monotonic() + lso_wait_s
-    while stored is TransactionOutcome.ONGOING and time.monotonic() < deadline:
-        # Not the coordinator's open transaction, so it is decided, but the last stable
-        # offset is not past its anchor yet: its markers are still being written (seen
-        # right after a coordinator resumed), or another producer's open transaction
-        # holds the LSO back.  Both usually pass within milliseconds.
+    while (
+        stored is TransactionOutcome.ONGOING and time.monotonic() < deadline and _markers_pending(ctrl, state)
+    ):
+        # Not the coordinator's open transaction, so it is decided, but its marker has
+        # not reached the anchor's partition yet (seen right after a coordinator
+        # resumed): that takes milliseconds, so wait for the real outcome.
         time.sleep(0.05)
         stored = outcome_of(ctrl, state)
     if stored is TransactionOutcome.ONGOING:
+        # Another producer's open transaction holds the last stable offset back.
         stored = TransactionOutcome.UNKNOWN
     heuristic = stored is TransactionOutcome.ABORTED
     if is_open:

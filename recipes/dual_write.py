@@ -20,17 +20,22 @@ recipe makes both land or neither::
 
 Normal path (the KIP's "normal processing recipe", in this order):
 
-1. begin the database transaction and lock this transactional id's state row
-   (``SELECT .. FOR UPDATE`` on PostgreSQL; on SQLite, which has no row locks,
-   an ``INSERT .. ON CONFLICT DO UPDATE`` whose write takes the database write
-   lock).  A second instance with the same id blocks here, before it produces
-   anything;
+1. begin the database transaction.  SQLite (no row locks): an ``INSERT .. ON
+   CONFLICT DO UPDATE`` of this transactional id's state row takes the
+   database write lock, so a second instance with the same id blocks here,
+   before it produces anything.  PostgreSQL: nothing is locked yet in steady
+   state (optimistic; step 5 checks), only the first transaction after a
+   recovery or a failure locks the row with an ``UPDATE .. RETURNING``;
 2. begin the Kafka transaction;
 3. the application produces records and writes rows;
 4. prepare the Kafka transaction (flush; returns the :class:`PreparedTxnState`);
 5. store the prepared state in the state row (and, with ``retain_records``,
-   the records in an outbox table);
-6. commit the database transaction: **the decision point**;
+   the records in an outbox table).  On PostgreSQL the update is guarded: it
+   fails unless the row is still the version this writer wrote last (its
+   ``xmin``), so a writer another instance took over rolls back here instead
+   of committing a transaction Kafka no longer holds;
+6. commit the database transaction: **the decision point** (on PostgreSQL
+   with a Connection, sent together with step 5 in one round trip);
 7. commit the Kafka transaction.
 
 An exception before step 6 rolls back the database and aborts Kafka.  When the
@@ -185,7 +190,7 @@ class Step(str, enum.Enum):
     """
 
     DB_BEGUN = "db_begun"
-    """Database transaction open, state row locked and read."""
+    """Database transaction open; the state row locked and read, except on PostgreSQL in steady state."""
     KAFKA_BEGUN = "kafka_begun"
     PRODUCED = "produced"
     """After each :meth:`DualWriteTransaction.produce`."""
@@ -193,7 +198,11 @@ class Step(str, enum.Enum):
     """The application's block finished (a Session is flushed): its rows are written."""
     PREPARED = "prepared"
     STATE_STORED = "state_stored"
-    """The prepared state (and retained records) are written; the database has not committed."""
+    """The prepared state (and retained records) are written; the database has not committed.
+
+    On PostgreSQL with a Connection the state update travels with the COMMIT:
+    then this step and :attr:`DB_COMMITTING` both come right before that one
+    round trip (the database has not committed either way)."""
     DB_COMMITTING = "db_committing"
     """Right before COMMIT is sent to the database."""
     DB_COMMITTED = "db_committed"
