@@ -230,12 +230,13 @@ def _record(results: list[dict[str, float]], rounds: int, seconds: float) -> Non
         f"Measured {when} on {platform.machine()}, {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} "
         f"at the end), Python {platform.python_version()}, local single-node Kafka and PostgreSQL on the same "
         "machine.\n\n"
-        f"{'Goal met.' if goal_met else 'Goal not met, and not reachable by any 2PC implementation here'}"
-        f"{'' if goal_met else ': the *2PC order, no state* column is the ceiling for any recipe that keeps the order KIP-939 prescribes (prepare, then commit the database), because the non-atomic write commits its database while its Kafka records are still in flight and 2PC cannot.'} "
-        "The recipe's own cost is the last column, its distance from that ceiling: in steady state on "
-        "PostgreSQL it sends one extra statement's worth of work, the guarded state update, in the same round trip "
-        "as the COMMIT (no row lock before the block, see docs/dual-write.md), plus the prepare's bookkeeping "
-        "(the anchor from the delivery report, the state machine).\n"
+        + ("Goal met. " if goal_met else "Goal not met. ")
+        + "Reading the columns: *2PC order / non-atomic* is what the order KIP-939 prescribes costs by itself "
+        "(prepare, i.e. wait for Kafka's acknowledgements, *then* commit the database, where the non-atomic write "
+        "commits its database while its records are still in flight); no implementation of the recipe can beat "
+        "it. *recipe / 2PC order* is the recipe's own cost on top: the guarded update of the state row (sent "
+        "in the same round trip as the COMMIT) and the prepare's bookkeeping. See docs/dual-write.md, *Cost*, "
+        "for how that remainder splits.\n"
     )
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
     if HEADING in text:
