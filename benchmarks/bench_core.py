@@ -40,7 +40,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import confluent_kafka
@@ -50,7 +49,7 @@ from kafka2pc import TwoPhaseCommitProducer
 from kafka2pc._control import ControlPlane
 from kafka2pc.testing import create_topic, drain
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+from _results import record_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 STATS_INTERVAL_MS = 100
 
 
@@ -222,8 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     control_total = sum(tpc.control_requests.values())
 
     lines = [
-        "# kafka2pc core benchmark",
-        "",
         f"`python benchmarks/bench_core.py` — {time.strftime('%Y-%m-%d %H:%M')}, Kafka {broker_version} "
         f"(single local broker), librdkafka {confluent_kafka.libversion()[0]}, confluent-kafka "
         f"{confluent_kafka.__version__}, Python {platform.python_version()}, {platform.machine()}.",
@@ -256,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join(lines) + "\n"
     print(report)
     if not args.no_write:
-        RESULTS.write_text(report)
+        record_section("Core: TwoPhaseCommitProducer vs plain confluent-kafka", report)
     return 0 if seen == expected else 1
 
 

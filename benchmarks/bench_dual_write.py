@@ -36,7 +36,6 @@ import threading
 import time
 import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 
 import sqlalchemy as sa
 from confluent_kafka import Producer
@@ -46,7 +45,7 @@ from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
 from kafka2pc.testing import create_topic
 from kafka2pc.testing.postgres import fresh_database
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+from _results import record_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 HEADING = "## Dual write"
 
 
@@ -238,15 +237,7 @@ def _record(results: list[dict[str, float]], rounds: int, seconds: float) -> Non
         "in the same round trip as the COMMIT) and the prepare's bookkeeping. See docs/dual-write.md, *Cost*, "
         "for how that remainder splits.\n"
     )
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if HEADING in text:
-        # Replace this benchmark's own earlier section, keep everything else (other sections) as is.
-        start = text.index(HEADING)
-        end = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + section + ("\n" + text[end + 1:] if end != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text)
+    record_section(HEADING.removeprefix("## "), section.removeprefix(HEADING))
 
 
 def main() -> None:
@@ -263,7 +254,7 @@ def main() -> None:
     print(_table(results))
     if not args.no_record:
         _record(results, args.rounds, args.seconds)
-        print(f"recorded in {RESULTS}")
+        print("recorded in benchmarks/RESULTS.md")
 
 
 if __name__ == "__main__":

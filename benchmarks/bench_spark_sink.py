@@ -41,7 +41,7 @@ from kafka2pc.recipes.spark_sink import KafkaTwoPhaseSink
 
 from kafka2pc.testing import create_topic, drain, end_offsets
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+from _results import record_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
 
 
 def fill_source(bootstrap: str, topic: str, records: int, value_bytes: int) -> None:
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--work", default="/tmp/kafka2pc-bench-spark")
-    parser.add_argument("--no-append", action="store_true", help="do not append to RESULTS.md")
+    parser.add_argument("--no-append", action="store_true", help="do not update RESULTS.md")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -219,8 +219,7 @@ def main() -> None:
     print(text)
     if not args.no_append:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with RESULTS.open("a") as f:
-            f.write(f"\n## Spark sink\n\n`benchmarks/bench_spark_sink.py`, {stamp}\n\n{text}\n")
+        record_section("Spark sink", f"`benchmarks/bench_spark_sink.py`, {stamp}\n\n{text}")
 
 
 if __name__ == "__main__":
