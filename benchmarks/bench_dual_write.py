@@ -94,25 +94,20 @@ class Lane:
                 tx.produce(topic, value=PAYLOAD, key=k)
             self.recipe_conn.execute(orders.insert(), [{"id": k, "payload": PAYLOAD} for k in keys])
 
-    def baseline(self, orders: sa.Table, topic: str, keys: list[str]) -> None:
+    def baseline(self, orders: sa.Table, topic: str, keys: list[str], *, ack_before_commit: bool = False) -> None:
         self.plain_conn.begin()
         self.plain.begin_transaction()
         for k in keys:
             self.plain.produce(topic, value=PAYLOAD, key=k)
         self.plain_conn.execute(orders.insert(), [{"id": k, "payload": PAYLOAD} for k in keys])
+        if ack_before_commit:
+            self.plain.flush()
         self.plain_conn.commit()
         self.plain.commit_transaction()
 
     def floor(self, orders: sa.Table, topic: str, keys: list[str]) -> None:
         """The baseline in 2PC order: every record acknowledged before the database COMMIT."""
-        self.plain_conn.begin()
-        self.plain.begin_transaction()
-        for k in keys:
-            self.plain.produce(topic, value=PAYLOAD, key=k)
-        self.plain_conn.execute(orders.insert(), [{"id": k, "payload": PAYLOAD} for k in keys])
-        self.plain.flush()
-        self.plain_conn.commit()
-        self.plain.commit_transaction()
+        self.baseline(orders, topic, keys, ack_before_commit=True)
 
     def close(self) -> None:
         self.writer.close()

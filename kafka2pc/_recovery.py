@@ -139,39 +139,42 @@ def _is_open_prepared(ctrl: ControlPlane, desc: TransactionDescription, state: P
     topic = _resolve_anchor_topic(tp.topic, sorted({p.topic for p in desc.partitions}))
     if topic is None or TopicPartition(topic, tp.partition) not in desc.partitions:
         return False
+    return _open_at(ctrl, TopicPartition(topic, tp.partition), desc.producer_id, offset)
+
+
+def _open_at(ctrl: ControlPlane, tp: TopicPartition, producer_id: int, offset: int) -> bool:
+    """Does ``producer_id`` have a transaction open on ``tp`` that started at ``offset`` (DescribeProducers)?"""
     return any(
-        p.producer_id == desc.producer_id and p.current_txn_start_offset == offset
-        for p in ctrl.describe_producers(TopicPartition(topic, tp.partition))
+        p.producer_id == producer_id and p.current_txn_start_offset == offset for p in ctrl.describe_producers(tp)
     )
+
+
+def _anchor_partition(ctrl: ControlPlane, state: PreparedTxnState) -> tuple[TopicPartition, int] | None:
+    """The anchor of ``state`` with its topic name resolved (``None``: no anchor, or the topic is gone)."""
+    anchor = state.anchor
+    if anchor is None:
+        return None
+    tp, offset = anchor
+    topic = _resolve_anchor_topic(tp.topic, ctrl.topic_names())
+    return None if topic is None else (TopicPartition(topic, tp.partition), offset)
 
 
 def outcome_of(ctrl: ControlPlane, state: PreparedTxnState) -> TransactionOutcome:
     """What became of the transaction ``state`` names (a read-only probe of its anchor record)."""
     if state.is_empty:
         return TransactionOutcome.NONE
-    anchor = state.anchor
-    if anchor is None:
+    if state.anchor is None:
         return TransactionOutcome.NONE if state.format_version == 1 else TransactionOutcome.UNKNOWN
-    tp, offset = anchor
-    topic = _resolve_anchor_topic(tp.topic, ctrl.topic_names())
-    if topic is None:
+    resolved = _anchor_partition(ctrl, state)
+    if resolved is None:
         return TransactionOutcome.UNKNOWN
-    return TransactionOutcome(ctrl.record_outcome(TopicPartition(topic, tp.partition), offset))
+    return TransactionOutcome(ctrl.record_outcome(*resolved))
 
 
 def _markers_pending(ctrl: ControlPlane, state: PreparedTxnState) -> bool:
     """Is the transaction ``state`` names still open on its anchor's partition (marker not written)?"""
-    anchor = state.anchor
-    if anchor is None:
-        return False
-    tp, offset = anchor
-    topic = _resolve_anchor_topic(tp.topic, ctrl.topic_names())
-    if topic is None:
-        return False
-    return any(
-        p.producer_id == state.producer_id and p.current_txn_start_offset == offset
-        for p in ctrl.describe_producers(TopicPartition(topic, tp.partition))
-    )
+    resolved = _anchor_partition(ctrl, state)
+    return resolved is not None and _open_at(ctrl, resolved[0], state.producer_id, resolved[1])
 
 
 def plan(

@@ -647,12 +647,10 @@ class DualWriter:
                 self._step(Step.PREPARED)
                 if self._retain:
                     self._insert_outbox(conn, state, tx._records)
-                commit_statement = None
-                if token is not None and not bound.session and conn.dialect.driver == "psycopg":
-                    # PostgreSQL over psycopg 3: the state update and the COMMIT go in one
-                    # round trip (see _cas_and_commit); Steps as if they were two.
-                    commit_statement = self._cas_and_commit(conn, state, token)
-                else:
+                # PostgreSQL over psycopg 3 with a Connection: the state update goes with the
+                # COMMIT in one round trip (_store_state_and_commit); Steps as if they were two.
+                combined = token is not None and not bound.session and conn.dialect.driver == "psycopg"
+                if not combined:
                     token = self._store_state(conn, state, token)
                 self._step(Step.STATE_STORED)
                 self._step(Step.DB_COMMITTING)
@@ -666,7 +664,7 @@ class DualWriter:
                     ) from exc
                 raise
             try:
-                self._finish(bound, producer, state, commit_statement, token)
+                self._finish(bound, producer, state, token, combined)
             finally:
                 self._open_since = None
 
@@ -823,20 +821,26 @@ class DualWriter:
             raise self._taken_over()
         return new_token
 
-    def _cas_and_commit(self, conn: sa.Connection, state: PreparedTxnState, token: str) -> Any:
-        """:meth:`_store_state`'s guarded update followed by ``COMMIT``: one statement text, one round trip.
+    def _store_state_and_commit(self, conn: sa.Connection, state: PreparedTxnState, token: str) -> str:
+        """:meth:`_store_state`'s guarded update and ``COMMIT`` in one statement text, one round trip.
 
-        Sent with the simple query protocol (no parameters; values quoted by
-        psycopg), so PostgreSQL runs both in order and skips the ``COMMIT``
-        if the update fails.  A changed row makes the update's result fail a
-        cast, on purpose, naming the reason: the transaction then rolls back
-        instead of committing without its state.
+        Sent through SQLAlchemy (errors arrive as ``sqlalchemy.exc.DBAPIError``,
+        a dead connection is invalidated) with ``no_parameters``, so psycopg
+        uses the simple query protocol (values quoted by psycopg), which
+        allows two statements: PostgreSQL runs them in order and skips the
+        ``COMMIT`` if the update fails.  A changed row makes the update's
+        result fail a cast, on purpose, naming the reason: the transaction then
+        rolls back instead of committing without its state.  Returns the new token.
         """
+        import psycopg
         from psycopg import sql
 
+        driver = conn.connection.driver_connection
+        if driver is None:
+            raise IllegalStateError(f"{self._tid!r}: the database connection is closed")
         table = self._state
         name = sql.Identifier(table.schema, table.name) if table.schema else sql.Identifier(table.name)
-        return sql.SQL(
+        statement = sql.SQL(
             "WITH u AS (UPDATE {table} SET prepared_txn_state = {state}, updated_at = {now} "
             "WHERE transactional_id = {tid} AND xmin = {token}::xid "
             "AND prepared_txn_state IS NOT DISTINCT FROM {last}::text RETURNING xmin::text AS t) "
@@ -845,28 +849,15 @@ class DualWriter:
             table=name, state=sql.Literal(str(state)), now=sql.Literal(_utcnow()), tid=sql.Literal(self._tid),
             token=sql.Literal(token), last=sql.Literal(self._last_state), changed=sql.Literal(_ROW_CHANGED),
         )
-
-    def _run_cas_and_commit(self, conn: sa.Connection, statement: Any) -> str:
-        """Send :meth:`_cas_and_commit`'s text on ``conn``; return the new token.
-
-        Through SQLAlchemy (errors arrive as ``sqlalchemy.exc.DBAPIError``, a
-        dead connection is invalidated) with ``no_parameters``, so that psycopg
-        uses the simple query protocol, which allows two statements.
-        """
-        import psycopg
-
-        driver = conn.connection.driver_connection
-        if driver is None:
-            raise IllegalStateError(f"{self._tid!r}: the database connection is closed")
         try:
-            token = conn.exec_driver_sql(
+            new_token = conn.exec_driver_sql(
                 statement.as_string(driver), execution_options={"no_parameters": True}
             ).scalar_one()
         except sa.exc.DBAPIError as exc:
             if isinstance(exc.orig, psycopg.errors.InvalidTextRepresentation) and _ROW_CHANGED in str(exc.orig):
                 raise self._taken_over() from exc
             raise
-        return str(token)
+        return str(new_token)
 
     def _taken_over(self) -> ProducerFencedError:
         self._fenced = True
@@ -942,12 +933,12 @@ class DualWriter:
 
     def _finish(
         self, bound: _Bound, producer: TwoPhaseCommitProducer, state: PreparedTxnState,
-        commit_statement: Any, token: str | None,
+        token: str | None, combined: bool,
     ) -> None:
         try:
-            if commit_statement is not None:
-                token = self._run_cas_and_commit(bound.connection, commit_statement)
-            bound.commit()  # after _run_cas_and_commit: bookkeeping only, psycopg sends nothing
+            if combined and token is not None:
+                token = self._store_state_and_commit(bound.connection, state, token)
+            bound.commit()  # after _store_state_and_commit: bookkeeping only, psycopg sends nothing
         except ProducerFencedError as exc:  # the guarded update failed: nothing committed
             self._rollback_both(bound, producer, exc)
             raise

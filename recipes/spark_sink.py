@@ -69,7 +69,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from kafka2pc._control import ControlPlane
 from kafka2pc._exceptions import Kafka2pcError, UsageError
-from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS, QueueFullError, TwoPhaseCommitProducer
+from kafka2pc._producer import (
+    LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS,
+    QueueFullError,
+    TwoPhaseCommitProducer,
+)
 from kafka2pc._recovery import Decision, TransactionOutcome, outcome_of, settle
 from kafka2pc._state import PreparedTxnState
 
