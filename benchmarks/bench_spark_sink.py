@@ -106,7 +106,7 @@ def run_query(spark: Any, bootstrap: str, source: str, out: str, per_batch: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:39092"))
+    parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:20092"))
     parser.add_argument("--records", type=int, default=400_000)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=2, help="source and output topic partitions")

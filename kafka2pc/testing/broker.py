@@ -37,7 +37,7 @@ from pathlib import Path
 
 from kafka2pc.testing._settings import DEFAULT_KAFKA_VERSION, broker_settings
 
-__all__ = ["BrokerError", "LocalKafka", "cache_dir", "fetch_kafka"]
+__all__ = ["BrokerError", "LocalKafka", "cache_dir", "fetch_kafka", "port_base"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,31 @@ class BrokerError(RuntimeError):
 def cache_dir() -> Path:
     """Directory for jars and broker state (``$KAFKA2PC_CACHE`` or ``~/.cache/kafka2pc``)."""
     return Path(os.environ.get("KAFKA2PC_CACHE", Path.home() / ".cache" / "kafka2pc"))
+
+
+DEFAULT_PORT_BASE = 20000
+"""First port of the block the local brokers use (below the kernel's ephemeral range).
+
+Ports inside the ephemeral range (32768–60999 on Linux) can be held by any outgoing
+connection at the moment a broker binds them.  Every local listener therefore lives in
+``[port_base(), port_base() + 2000)``; ``$KAFKA2PC_PORT_BASE`` moves the block, so two
+checkouts on one machine can each run their own brokers.
+"""
+
+
+def port_base() -> int:
+    """First port of this process's block of local listener ports (``$KAFKA2PC_PORT_BASE``)."""
+    raw = os.environ.get("KAFKA2PC_PORT_BASE", str(DEFAULT_PORT_BASE))
+    try:
+        base = int(raw)
+    except ValueError:
+        raise BrokerError(f"KAFKA2PC_PORT_BASE must be an integer, not {raw!r}") from None
+    if not 1024 <= base <= 32768 - 2000:
+        raise BrokerError(
+            f"KAFKA2PC_PORT_BASE={base} must leave its 2000 ports between 1024 and 32767 "
+            "(below the kernel's ephemeral range)"
+        )
+    return base
 
 
 def _major(version: str) -> int:
@@ -176,7 +201,7 @@ class LocalKafka:
 
     def __post_init__(self) -> None:
         if not self.base_port:
-            self.base_port = 39092 if self.brokers == 1 else 39192
+            self.base_port = port_base() + (92 if self.brokers == 1 else 192)
             if _major(self.version) < 4:
                 self.base_port += 1000
         if not self.name:

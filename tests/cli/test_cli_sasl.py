@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from kafka2pc.cli._errors import ExitCode
-from kafka2pc.testing.broker import BrokerError, LocalKafka
+from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
 
 PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
 
 
 def free_base_port() -> int:
     """Three consecutive free ports (broker, controller, SASL listener)."""
-    for base in range(39592, 39992, 10):
+    for base in range(port_base() + 592, port_base() + 992, 10):
         taken = False
         for port in (base, base + 1, base + 2):
             with socket.socket() as sock:

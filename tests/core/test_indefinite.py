@@ -1,7 +1,7 @@
 """Indefinite outcomes: a commit or EndTxn that got no answer, on a broker that really stops answering.
 
 The shared broker must not be disturbed, so this module starts a private
-one-node 4.3.1 broker (port 39300), freezes its JVM with SIGSTOP for a few
+one-node 4.3.1 broker (port_base() + 300), freezes its JVM with SIGSTOP for a few
 seconds while a commit is in flight, and wipes it afterwards.  Nothing here
 patches the client libraries: the timeouts are the real ones.
 """
@@ -28,9 +28,9 @@ from kafka2pc import (
 )
 from kafka2pc._control import ControlPlane
 from kafka2pc.testing import create_topic, drain, end_offsets
-from kafka2pc.testing.broker import LocalKafka
+from kafka2pc.testing.broker import LocalKafka, port_base
 
-PRIVATE_PORT = 39300
+PRIVATE_PORT = port_base() + 300
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The dual-write recipe while its Kafka broker restarts (own broker on port 39400, stopped afterwards).
+"""The dual-write recipe while its Kafka broker restarts (own broker on port_base() + 400, stopped afterwards).
 
 The broker is stopped from the ``on_step`` hook right before the prepare
 (flush) or right after the database commit, and started again from another
@@ -21,7 +21,7 @@ from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
 
 from kafka2pc import Kafka2pcError
 from kafka2pc.testing import create_topic
-from kafka2pc.testing.broker import BrokerError, LocalKafka
+from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def own_kafka() -> Iterator[LocalKafka]:
     base port rather than fail.
     """
     errors = []
-    for base_port in (39400, 39420, 39440):
+    for base_port in (port_base() + 400, port_base() + 420, port_base() + 440):
         kafka = LocalKafka(base_port=base_port)
         try:
             kafka.start()

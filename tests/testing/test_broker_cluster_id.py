@@ -17,7 +17,7 @@ def test_random_cluster_ids_never_start_with_a_dash() -> None:
 def test_a_cluster_id_starting_with_a_dash_formats_and_serves(monkeypatch: pytest.MonkeyPatch) -> None:
     # Ids made elsewhere (an older kafka2pc, or copied from another cluster) may start with '-'.
     monkeypatch.setattr(broker, "_random_cluster_id", lambda: "-QbtlDkPTnqG8lRdQT7Miw")
-    kafka = broker.LocalKafka(base_port=39470)
+    kafka = broker.LocalKafka(base_port=broker.port_base() + 470)
     try:
         kafka.start()
         admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
