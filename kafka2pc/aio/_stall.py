@@ -1,0 +1,120 @@
+"""``LoopStallMonitor``: how long the event loop was unable to run anything, as the loop sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["LoopStallMonitor", "StallReport"]
+
+_SLOW = re.compile(r"Executing (?P<what>.+) took (?P<secs>[0-9.]+) seconds")
+
+
+@dataclass
+class StallReport:
+    """What a :class:`LoopStallMonitor` saw.  Durations in seconds."""
+
+    ticks: int = 0
+    lateness: list[float] = field(default_factory=list)
+    slow_callbacks: list[tuple[float, str]] = field(default_factory=list)
+    """``(seconds, callback)`` of callbacks over the threshold (``capture_slow_callbacks=True`` only)."""
+
+    @property
+    def max_stall(self) -> float:
+        """The longest time a tick was late: the loop's longest stall (under-estimated by at most one interval)."""
+        return max(self.lateness, default=0.0)
+
+    def over(self, seconds: float) -> int:
+        """How many ticks were later than ``seconds``."""
+        return sum(1 for late in self.lateness if late > seconds)
+
+    def percentile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) of tick lateness."""
+        if not self.lateness:
+            return 0.0
+        ordered = sorted(self.lateness)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def summary(self) -> str:
+        """One line: ticks, p50/p99/max lateness in milliseconds, slow callbacks."""
+        return (
+            f"{self.ticks} ticks, lateness p50 {self.percentile(0.5) * 1e3:.2f} ms, "
+            f"p99 {self.percentile(0.99) * 1e3:.2f} ms, max {self.max_stall * 1e3:.2f} ms"
+            + (f", slowest callback {max(self.slow_callbacks)}" if self.slow_callbacks else "")
+        )
+
+
+class LoopStallMonitor:
+    """Measure the running loop's stalls with a ticker task: each tick's lateness is time the loop could not run.
+
+    A ticker sleeps ``interval`` seconds again and again and records how late
+    it woke up.  Anything that holds the loop's thread (a blocking call in a
+    coroutine or callback, or the GIL held by another thread) shows up as
+    lateness, whatever caused it.  With ``capture_slow_callbacks=True`` the
+    loop also runs in debug mode with ``slow_callback_duration`` set to
+    ``threshold`` and the callbacks asyncio reports as slow are collected, to
+    name the culprit (debug mode itself slows the loop down).
+
+    Example::
+
+        async with LoopStallMonitor() as monitor:
+            await producer.commit_transaction()
+        assert monitor.report.max_stall < 0.010, monitor.report.summary()
+    """
+
+    def __init__(
+        self, interval: float = 0.001, *, capture_slow_callbacks: bool = False, threshold: float = 0.010
+    ) -> None:
+        self.interval = interval
+        self.report = StallReport()
+        self._capture = capture_slow_callbacks
+        self._threshold = threshold
+        self._task: asyncio.Task[None] | None = None
+        self._handler: _SlowCallbackHandler | None = None
+        self._restore: tuple[bool, float] | None = None
+
+    async def __aenter__(self) -> LoopStallMonitor:
+        loop = asyncio.get_running_loop()
+        if self._capture:
+            self._restore = (loop.get_debug(), loop.slow_callback_duration)
+            loop.set_debug(True)
+            loop.slow_callback_duration = self._threshold
+            self._handler = _SlowCallbackHandler(self.report)
+            logging.getLogger("asyncio").addHandler(self._handler)
+        self._task = loop.create_task(self._tick(loop))
+        await asyncio.sleep(0)  # let the ticker start before the measured code runs
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        if self._handler is not None:
+            logging.getLogger("asyncio").removeHandler(self._handler)
+        if self._restore is not None:
+            loop = asyncio.get_running_loop()
+            loop.set_debug(self._restore[0])
+            loop.slow_callback_duration = self._restore[1]
+
+    async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            due = loop.time() + self.interval
+            await asyncio.sleep(self.interval)
+            self.report.lateness.append(max(0.0, loop.time() - due))
+            self.report.ticks += 1
+
+
+class _SlowCallbackHandler(logging.Handler):
+    def __init__(self, report: StallReport) -> None:
+        super().__init__(logging.WARNING)
+        self._report = report
+
+    def emit(self, record: logging.LogRecord) -> None:
+        match = _SLOW.search(record.getMessage())
+        if match:
+            self._report.slow_callbacks.append((float(match["secs"]), match["what"][:200]))
