@@ -203,6 +203,7 @@ class AsyncTwoPhaseCommitProducer:
                         f"produce() refused: {self._control_in_flight[0]}() started while it waited for room"
                     ) from None
         self._pending.add(future)
+        self._worker.wake()
         return future
 
     async def flush(self, timeout: float = -1) -> int:

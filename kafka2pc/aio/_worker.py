@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 _STOP: Final = object()
+_WAKE: Final = object()
 
 
 class SerialWorker:
@@ -55,6 +56,7 @@ class SerialWorker:
         self._after_call = after_call
         self._idle_interval = idle_interval
         self._stopped = False
+        self._sleeping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -75,6 +77,12 @@ class SerialWorker:
         self._queue.put((loop, future, fn, done))
         return future
 
+    def wake(self) -> None:
+        """Tell a thread that sleeps without a timeout to ask ``idle`` again (records were just queued)."""
+        if self._sleeping:
+            self._sleeping = False
+            self._queue.put(_WAKE)
+
     def stop(self) -> None:
         """Let the thread finish the queued calls and exit (does not wait)."""
         if not self._stopped:
@@ -83,11 +91,20 @@ class SerialWorker:
 
     def _run(self) -> None:
         while True:
+            # "sleeping" is set before idle() is asked: a wake() racing with the
+            # question either sees the flag or queued its records before idle() looked.
+            self._sleeping = True
             wants_serving = self._idle is not None and self._idle()
+            if wants_serving:
+                self._sleeping = False
             try:
                 item = self._queue.get(timeout=self._idle_interval if wants_serving else None)
             except queue.Empty:
                 self._serve_now()
+                continue
+            finally:
+                self._sleeping = False
+            if item is _WAKE:
                 continue
             if item is _STOP:
                 return

@@ -1,0 +1,214 @@
+"""AsyncTwoPhaseCommitProducer against the real broker: steady state, delivery futures, cancellation, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable
+
+import pytest
+from _aio_helpers import run
+
+from kafka2pc import (
+    FatalError,
+    IllegalStateError,
+    PreparedTxnState,
+    ProducerFencedError,
+    TopicPartition,
+    TransactionalIdMismatchError,
+    TwoPhaseCommitProducer,
+    TxnState,
+    UsageError,
+)
+from kafka2pc.aio import AsyncTwoPhaseCommitProducer, LoopStallMonitor
+from kafka2pc.testing import drain
+
+
+def config(bootstrap: str, tid: str, **extra: object) -> dict[str, object]:
+    return {"bootstrap.servers": bootstrap, "transactional.id": tid, **extra}
+
+
+def test_many_concurrent_transactions_on_several_producers_from_one_loop(
+    kafka_bootstrap: str, topic_factory: Callable[..., str]
+) -> None:
+    topic = topic_factory(partitions=3)
+    producers, txns, records = 4, 15, 5
+
+    async def worker(n: int) -> list[PreparedTxnState]:
+        states: list[PreparedTxnState] = []
+        tid = f"k2pc-aio-steady-{n}-{uuid.uuid4().hex[:6]}"
+        async with AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid, **{"linger.ms": 2})) as p:
+            await p.init_transactions(30)
+            after_init = p.sync_producer.control_plane.requests_sent
+            for t in range(txns):
+                await p.begin_transaction()
+                futures = [await p.produce(topic, value=f"{n}-{t}-{i}".encode()) for i in range(records)]
+                state = await p.prepare_transaction(30)
+                # prepare waited for every record: the delivery futures are resolved before it returns
+                assert all(f.done() and f.exception() is None for f in futures)
+                delivered = {
+                    (TopicPartition(m.topic(), m.partition()), m.offset()) for m in (f.result() for f in futures)
+                }
+                assert state.anchor in delivered  # the state names a record of this transaction
+                assert p.state is TxnState.PREPARED
+                await p.commit_transaction(30)
+                states.append(state)
+            assert p.sync_producer.control_plane.requests_sent == after_init  # nothing per transaction
+        return states
+
+    async def main() -> tuple[list[list[PreparedTxnState]], str]:
+        async with LoopStallMonitor() as monitor:
+            results = await asyncio.gather(*(worker(n) for n in range(producers)))
+        return results, monitor.report.summary()
+
+    results, summary = run(main())
+    print(f"\n{producers} producers x {txns} transactions: loop {summary}")
+    all_states = [s for states in results for s in states]
+    assert len(set(all_states)) == producers * txns  # each state names its own transaction
+    got = sorted(r.value for r in drain(kafka_bootstrap, topic) if r.value)
+    assert got == sorted(
+        f"{n}-{t}-{i}".encode() for n in range(producers) for t in range(txns) for i in range(records)
+    )
+
+
+def test_calls_run_on_the_producers_own_thread_and_delivery_futures_on_the_loop(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], tid: str
+) -> None:
+    topic = topic_factory()
+    threads: set[str] = set()
+
+    async def main() -> None:
+        loop_thread = threading.current_thread().name
+        async with AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid)) as p:
+            await p.init_transactions(30)
+            await p.begin_transaction()
+            delivered = await p.produce(topic, value=b"one", key=b"k", headers=[("h", b"v")])
+            delivered.add_done_callback(lambda _f: threads.add(threading.current_thread().name))
+            message = await asyncio.wait_for(delivered, 30)  # served by the idle poll, before prepare
+            assert (message.topic(), message.partition(), message.offset()) == (topic, 0, 0)
+            assert (message.key(), message.value()) == (b"k", b"one")
+            state = await p.prepare_transaction(30)
+            assert state.anchor == (TopicPartition(topic, 0), 0)
+            await p.commit_transaction(30)
+        assert threads == {loop_thread}
+
+    run(main())
+    assert [r.value for r in drain(kafka_bootstrap, topic)] == [b"one"]
+
+
+def test_a_cancelled_prepare_completes_and_the_next_call_sees_its_state(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], tid: str
+) -> None:
+    topic = topic_factory()
+
+    async def main() -> None:
+        async with AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid)) as p:
+            await p.init_transactions(30)
+            await p.begin_transaction()
+            await p.produce(topic, value=b"kept")
+            for _ in range(1000):  # 20 MB: the flush inside prepare takes a while
+                await p.produce(topic, value=b"x" * 20_000)
+            prepare = asyncio.ensure_future(p.prepare_transaction(60))
+            await asyncio.sleep(0)  # submitted to the producer's thread
+            prepare.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await prepare
+            assert p.in_flight == ("prepare_transaction",)
+            with pytest.raises(IllegalStateError, match="prepare_transaction"):
+                await p.produce(topic, value=b"slipped-in")
+            assert await p.wait_idle() is TxnState.PREPARED
+            assert p.in_flight == ()
+            state = p.prepared_state
+            assert state is not None and state.anchor == (TopicPartition(topic, 0), 0)
+            await p.complete_transaction(state)
+            assert p.state is TxnState.READY
+
+    run(main())
+    values = [r.value for r in drain(kafka_bootstrap, topic)]
+    assert values[0] == b"kept" and len(values) == 1001 and b"slipped-in" not in values
+
+
+def test_a_cancelled_commit_still_commits_and_calls_stay_ordered(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], tid: str
+) -> None:
+    topic = topic_factory()
+
+    async def main() -> None:
+        async with AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid)) as p:
+            await p.init_transactions(30)
+            await p.begin_transaction()
+            await p.produce(topic, value=b"first")
+            await p.prepare_transaction(30)
+            commit = asyncio.ensure_future(p.commit_transaction(30))
+            await asyncio.sleep(0)  # submitted
+            commit.cancel()
+            # queued behind the cancelled commit: it starts from READY, not from PREPARED
+            await p.begin_transaction()
+            assert p.state is TxnState.IN_TRANSACTION
+            await p.produce(topic, value=b"second")
+            await p.prepare_transaction(30)
+            await p.commit_transaction(30)
+            assert commit.cancelled()
+
+    run(main())
+    assert [r.value for r in drain(kafka_bootstrap, topic)] == [b"first", b"second"]
+
+
+def test_errors_are_the_kafka2pc_classes(kafka_bootstrap: str, topic_factory: Callable[..., str], tid: str) -> None:
+    topic = topic_factory()
+    with pytest.raises(UsageError, match="transactional.id"):
+        AsyncTwoPhaseCommitProducer({"bootstrap.servers": kafka_bootstrap})
+    with pytest.raises(UsageError, match="transaction.timeout.ms"):
+        AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid, **{"transaction.timeout.ms": "soon"}))
+
+    async def main() -> None:
+        p = AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid))
+        with pytest.raises(IllegalStateError, match="init_transactions"):
+            await p.begin_transaction()
+        await p.init_transactions(30)
+        with pytest.raises(IllegalStateError):
+            await p.produce(topic, value=b"outside a transaction")
+        with pytest.raises(UsageError, match="PreparedTxnState"):
+            await p.complete_transaction("1:2")  # type: ignore[arg-type]
+        await p.begin_transaction()
+        await p.produce(topic, value=b"doomed")
+        state = await p.prepare_transaction(30)
+        other = PreparedTxnState._build(state.producer_id, state.epoch, tid + "-other", None, -1)
+        with pytest.raises(TransactionalIdMismatchError):
+            await p.complete_transaction(other)
+        assert p.state is TxnState.PREPARED
+
+        # A newer instance fences this one: its commit fails with the sync producer's class.
+        newer = TwoPhaseCommitProducer(config(kafka_bootstrap, tid))
+        await asyncio.to_thread(newer.init_transactions, 30)
+        with pytest.raises(ProducerFencedError) as raised:
+            await p.commit_transaction(30)
+        assert isinstance(raised.value, FatalError)
+        assert p.state is TxnState.FATAL_ERROR
+        with pytest.raises(IllegalStateError, match="fatal"):
+            await p.begin_transaction()
+        await p.close()
+        with pytest.raises(IllegalStateError, match="closed"):
+            await p.begin_transaction()
+        await asyncio.to_thread(newer.close)
+
+    run(main())
+    assert drain(kafka_bootstrap, topic) == []
+
+
+def test_a_producer_is_bound_to_one_loop(kafka_bootstrap: str, tid: str) -> None:
+    p = AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid))
+    run(p.init_transactions(30))
+    with pytest.raises(UsageError, match="event loop"):
+        run(p.begin_transaction())
+    assert p.state is TxnState.READY
+    p.sync_producer.close()
+
+
+def test_bad_settings_are_refused() -> None:
+    cfg = {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "x"}
+    with pytest.raises(UsageError, match="delivery_poll_interval"):
+        AsyncTwoPhaseCommitProducer(cfg, delivery_poll_interval=0)
+    with pytest.raises(UsageError, match="queue_full_timeout"):
+        AsyncTwoPhaseCommitProducer(cfg, queue_full_timeout=-1)
