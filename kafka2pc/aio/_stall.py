@@ -17,6 +17,8 @@ class StallReport:
     """What a :class:`LoopStallMonitor` saw.  Durations in seconds."""
 
     ticks: int = 0
+    elapsed: float = 0.0
+    """Seconds the monitor ran."""
     lateness: list[float] = field(default_factory=list)
     slow_callbacks: list[tuple[float, str]] = field(default_factory=list)
     """``(seconds, callback)`` of callbacks over the threshold (``capture_slow_callbacks=True`` only)."""
@@ -25,6 +27,11 @@ class StallReport:
     def max_stall(self) -> float:
         """The longest time a tick was late: the loop's longest stall (under-estimated by at most one interval)."""
         return max(self.lateness, default=0.0)
+
+    @property
+    def stalled_fraction(self) -> float:
+        """Share of the monitored time the loop was stalled (sum of lateness / elapsed)."""
+        return sum(self.lateness) / self.elapsed if self.elapsed > 0 else 0.0
 
     def over(self, seconds: float) -> int:
         """How many ticks were later than ``seconds``."""
@@ -40,7 +47,7 @@ class StallReport:
     def summary(self) -> str:
         """One line: ticks, p50/p99/max lateness in milliseconds, slow callbacks."""
         return (
-            f"{self.ticks} ticks, lateness p50 {self.percentile(0.5) * 1e3:.2f} ms, "
+            f"{self.ticks} ticks in {self.elapsed:.2f} s, stalled {self.stalled_fraction:.1%}, lateness p50 {self.percentile(0.5) * 1e3:.2f} ms, "
             f"p99 {self.percentile(0.99) * 1e3:.2f} ms, max {self.max_stall * 1e3:.2f} ms"
             + (f", slowest callback {max(self.slow_callbacks)}" if self.slow_callbacks else "")
         )
@@ -74,6 +81,7 @@ class LoopStallMonitor:
         self._task: asyncio.Task[None] | None = None
         self._handler: _SlowCallbackHandler | None = None
         self._restore: tuple[bool, float] | None = None
+        self._started = 0.0
 
     async def __aenter__(self) -> LoopStallMonitor:
         loop = asyncio.get_running_loop()
@@ -85,10 +93,12 @@ class LoopStallMonitor:
             logging.getLogger("asyncio").addHandler(self._handler)
         self._task = loop.create_task(self._tick(loop))
         await asyncio.sleep(0)  # let the ticker start before the measured code runs
+        self._started = loop.time()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._task is not None
+        self.report.elapsed = asyncio.get_running_loop().time() - self._started
         self._task.cancel()
         try:
             await self._task
