@@ -74,7 +74,7 @@ class AsyncTwoPhaseCommitProducer:
         self,
         config: Mapping[str, Any],
         *,
-        delivery_poll_interval: float = 0.002,
+        delivery_poll_interval: float = 0.005,
         queue_full_timeout: float = 30.0,
     ) -> None:
         if delivery_poll_interval <= 0:
@@ -93,7 +93,7 @@ class AsyncTwoPhaseCommitProducer:
             f"kafka2pc-aio-{self._sync.transactional_id}",
             idle=self._has_undelivered,
             serve=self._serve_reports,
-            after_call=self._hand_over_reports,
+            after_call=self._take_reports,
             idle_interval=delivery_poll_interval,
         )
 
@@ -176,7 +176,6 @@ class AsyncTwoPhaseCommitProducer:
                 "(a caller stopped waiting for it); await wait_idle() first"
             )
         future: asyncio.Future[Any] = loop.create_future()
-        future.add_done_callback(_mark_retrieved)
         kwargs: dict[str, Any] = {"value": value, "key": key,
                                   "on_delivery": functools.partial(self._on_delivery, future)}
         if partition is not None:
@@ -314,19 +313,27 @@ class AsyncTwoPhaseCommitProducer:
     def _serve_reports(self) -> None:
         if self._sync.state not in (TxnState.FATAL_ERROR, TxnState.CLOSED):
             self._sync.poll(0)
+        self._hand_over_reports()
 
     def _on_delivery(self, future: asyncio.Future[Any], err: Any, msg: Any) -> None:
         # Runs in the worker thread (librdkafka serves reports in poll/flush there).
         self._reports.append((future, err, msg))
 
-    def _hand_over_reports(self) -> None:
-        if not self._reports or self._loop is None:
-            return
+    def _take_reports(self) -> Callable[[], None] | None:
+        """In the worker, after a call: the delivery reports it served, as a function for the loop."""
+        if not self._reports:
+            return None
         batch, self._reports = self._reports, []
+        return functools.partial(self._resolve_reports, batch)
+
+    def _hand_over_reports(self) -> None:
+        resolve = self._take_reports()
+        if resolve is None or self._loop is None:
+            return
         try:
-            self._loop.call_soon_threadsafe(self._resolve_reports, batch)
+            self._loop.call_soon_threadsafe(resolve)
         except RuntimeError:
-            logger.debug("%s: loop closed; %d delivery reports dropped", self.transactional_id, len(batch))
+            logger.debug("%s: loop closed; delivery reports dropped", self.transactional_id)
 
     def _resolve_reports(self, batch: list[_Report]) -> None:
         for future, err, msg in batch:
@@ -339,10 +346,6 @@ class AsyncTwoPhaseCommitProducer:
                 future.set_exception(
                     translate_confluent_error(err, f"delivery of a record of {self.transactional_id!r}")
                 )
-
-
-def _mark_retrieved(future: asyncio.Future[Any]) -> None:
-    # A failed delivery is reported again by prepare_transaction: an un-awaited
-    # delivery future must not log "exception was never retrieved".
-    if not future.cancelled():
-        future.exception()
+                # prepare_transaction reports the failure too: an un-awaited delivery
+                # future must not log "exception was never retrieved" (awaiting it still raises).
+                future.exception()

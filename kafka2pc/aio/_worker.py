@@ -36,9 +36,12 @@ class SerialWorker:
 
     ``idle`` (optional) returns True while it wants to be called again soon
     (records awaiting delivery reports); the thread then calls ``serve`` every
-    ``idle_interval`` seconds while its queue is empty.  ``after_call`` runs in
-    the thread after each call and each ``serve`` (to hand batched delivery
-    reports to the loop before the call's own result).
+    ``idle_interval`` seconds while its queue is empty (``serve`` hands its
+    own results to the loop).  ``after_call`` runs in the thread after each
+    call and may return a function to run on the loop (batched delivery
+    reports): it travels in the same ``call_soon_threadsafe`` as the call's
+    result and runs just before it, so one wake-up of the loop carries both,
+    in order.
     """
 
     def __init__(
@@ -47,8 +50,8 @@ class SerialWorker:
         *,
         idle: Callable[[], bool] | None = None,
         serve: Callable[[], object] | None = None,
-        after_call: Callable[[], None] | None = None,
-        idle_interval: float = 0.002,
+        after_call: Callable[[], Callable[[], None] | None] | None = None,
+        idle_interval: float = 0.005,
     ) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._idle = idle
@@ -115,10 +118,9 @@ class SerialWorker:
                 result = fn()
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
                 error = exc
-            if self._after_call is not None:
-                self._after_call()
+            before = self._after_call() if self._after_call is not None else None
             try:
-                loop.call_soon_threadsafe(_resolve, future, result, error, done)
+                loop.call_soon_threadsafe(_resolve, future, result, error, done, before)
             except RuntimeError:  # the loop is closed: nobody is left to tell
                 logger.debug("%s: loop closed before a result could be delivered", self._thread.name)
 
@@ -129,13 +131,17 @@ class SerialWorker:
             self._serve()
         except Exception:  # noqa: BLE001 - the next call reports the producer's error
             logger.debug("%s: serving delivery reports failed", self._thread.name, exc_info=True)
-        if self._after_call is not None:
-            self._after_call()
 
 
 def _resolve(
-    future: asyncio.Future[Any], result: Any, error: BaseException | None, done: Callable[[], None]
+    future: asyncio.Future[Any],
+    result: Any,
+    error: BaseException | None,
+    done: Callable[[], None],
+    before: Callable[[], None] | None,
 ) -> None:
+    if before is not None:
+        before()
     done()
     if future.cancelled():
         if error is not None:

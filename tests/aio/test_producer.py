@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Callable
 
@@ -12,16 +13,19 @@ from _aio_helpers import run
 
 from kafka2pc import (
     FatalError,
+    HeuristicOutcomeError,
     IllegalStateError,
+    Kafka2pcError,
     PreparedTxnState,
     ProducerFencedError,
     TopicPartition,
     TransactionalIdMismatchError,
+    TransactionOutcome,
     TwoPhaseCommitProducer,
     TxnState,
     UsageError,
 )
-from kafka2pc.aio import AsyncTwoPhaseCommitProducer, LoopStallMonitor
+from kafka2pc.aio import AsyncTransactionAdmin, AsyncTwoPhaseCommitProducer, LoopStallMonitor
 from kafka2pc.testing import drain
 
 
@@ -212,3 +216,37 @@ def test_bad_settings_are_refused() -> None:
         AsyncTwoPhaseCommitProducer(cfg, delivery_poll_interval=0)
     with pytest.raises(UsageError, match="queue_full_timeout"):
         AsyncTwoPhaseCommitProducer(cfg, queue_full_timeout=-1)
+
+
+def test_a_prepared_transaction_the_broker_aborted_is_a_heuristic_outcome(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], tid: str
+) -> None:
+    topic = topic_factory()
+
+    async def main() -> None:
+        # librdkafka cannot open 2PC transactions: the broker aborts this one after 3 s.
+        first = AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid, **{"transaction.timeout.ms": 3000}))
+        await first.init_transactions(30)
+        await first.begin_transaction()
+        await first.produce(topic, value=b"expires")
+        state = await first.prepare_transaction(30)
+        async with AsyncTransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:
+            deadline = time.monotonic() + 40  # the coordinator looks for expired transactions every 10 s
+            while (info := await admin.describe_transaction(tid)) is not None and info.is_open:
+                assert time.monotonic() < deadline, "the broker did not abort the expired transaction"
+                await asyncio.sleep(0.5)
+            assert await admin.transaction_outcome(tid, state) is TransactionOutcome.ABORTED
+
+        async with AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid)) as recovering:
+            await recovering.init_transactions(keep_prepared_txn=True)
+            with pytest.raises(HeuristicOutcomeError) as raised:
+                await recovering.complete_transaction(state)
+            assert raised.value.outcome == "aborted" and raised.value.state == state
+            assert recovering.state is TxnState.READY  # settled (by Kafka): the producer moves on
+        # The expired instance cannot commit any more: a kafka2pc error, never a raw KafkaException.
+        with pytest.raises(Kafka2pcError):
+            await first.commit_transaction(30)
+        await first.close()
+
+    run(main())
+    assert drain(kafka_bootstrap, topic) == []
