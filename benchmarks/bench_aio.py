@@ -15,6 +15,12 @@ on one event loop (or on threads, for the sync reference), each doing
 * **sync threads** (reference, no loop): the sync ``TwoPhaseCommitProducer``,
   one OS thread per producer.
 
+Then an **isolation** run: 8 producers of each asyncio variant wait on an
+unreachable cluster (their ``init_transactions`` hangs until its timeout)
+while one producer of the same variant does 5 transactions on the live broker;
+the live producer's time is reported.  A shared pool (``to_thread``) is
+exhausted by the stuck calls; a thread per producer is not.
+
 Every asyncio variant runs under :class:`kafka2pc.aio.LoopStallMonitor`
 (a 1 ms ticker): the loop's longest stall and its p99 are reported next to
 the throughput.  Rounds are interleaved and rotated so that drifts in machine
@@ -69,6 +75,7 @@ class Sample:
 class Totals:
     samples: dict[str, list[Sample]] = field(default_factory=lambda: {v: [] for v in VARIANTS})
     driver_threads: dict[str, int] = field(default_factory=dict)
+    isolation: dict[str, tuple[float, int]] = field(default_factory=dict)
     produced: int = 0
 
 
@@ -165,6 +172,38 @@ def sync_threads_round(producers: list[TwoPhaseCommitProducer], topic: str, txns
     return time.perf_counter() - start
 
 
+# -- isolation: a live producer next to producers stuck on a dead cluster -----------------------------
+
+ISOLATION_STUCK = 8
+ISOLATION_TXNS = 5
+
+
+async def isolation(name: str, bootstrap: str, dead: str, topic: str) -> tuple[float, int]:
+    """Seconds the live producer of variant ``name`` needs for 5 transactions; stuck calls still pending then."""
+    stuck: list[asyncio.Future[Any]] = []
+    if name == "kafka2pc.aio":
+        dead_producers: list[Any] = [AsyncTwoPhaseCommitProducer(_config(dead, f"d{n}")) for n in range(ISOLATION_STUCK)]
+        stuck = [asyncio.ensure_future(p.init_transactions(10)) for p in dead_producers]
+    elif name == "to_thread":
+        dead_producers = [TwoPhaseCommitProducer(_config(dead, f"d{n}")) for n in range(ISOLATION_STUCK)]
+        stuck = [asyncio.ensure_future(asyncio.to_thread(p.init_transactions, 10)) for p in dead_producers]
+    else:
+        from confluent_kafka.aio import AIOProducer
+
+        dead_producers = [AIOProducer(_config(dead, f"d{n}")) for n in range(ISOLATION_STUCK)]
+        stuck = [asyncio.ensure_future(p.init_transactions(10)) for p in dead_producers]
+    await asyncio.sleep(0.2)  # the stuck calls have started
+    variant: Any = {"kafka2pc.aio": AioVariant, "to_thread": ToThreadVariant, "AIOProducer": AIOProducerVariant}[name]()
+    start = time.perf_counter()
+    await variant.setup(bootstrap, 1)
+    await variant.round(topic, ISOLATION_TXNS, b"x" * 100, 1)
+    elapsed = time.perf_counter() - start
+    still = sum(1 for f in stuck if not f.done())
+    await asyncio.gather(*stuck, return_exceptions=True)  # let them end before the next variant
+    await variant.close()
+    return elapsed, still
+
+
 # -- the driver ----------------------------------------------------------------------------------
 
 def run(args: argparse.Namespace) -> tuple[Totals, str]:
@@ -225,6 +264,14 @@ def run(args: argparse.Namespace) -> tuple[Totals, str]:
 
     for variant in variants.values():
         loop.run_until_complete(variant.close())
+    if args.isolation:
+        from kafka2pc.testing.broker import port_base
+
+        dead = f"127.0.0.1:{port_base() + 1999}"  # nothing listens there
+        for name in ("kafka2pc.aio", "AIOProducer", "to_thread"):
+            totals.isolation[name] = loop.run_until_complete(isolation(name, bootstrap, dead, topic))
+            totals.produced += ISOLATION_TXNS
+            print(f"isolation {name}: {totals.isolation[name]}", file=sys.stderr)
     loop.close()
     for p in sync_producers:
         p.close()
@@ -262,6 +309,19 @@ def table(totals: Totals, args: argparse.Namespace, visible: str) -> str:
             f"| {name} | {statistics.median(rates):.0f} | {min(rates):.0f}..{max(rates):.0f} | {ratio:.2f}x "
             f"| {stall_p99} | {stall_max} | {totals.driver_threads.get(name, 0)} |"
         )
+    if totals.isolation:
+        lines += [
+            "",
+            f"Isolation: seconds one producer needs for init + {ISOLATION_TXNS} transactions on the live broker "
+            f"while {ISOLATION_STUCK} producers of the same variant wait on an unreachable cluster "
+            "(init_transactions, 10 s librdkafka timeout; kafka2pc's control plane waits up to its 30 s bootstrap "
+            "timeout):",
+            "",
+            "| variant | live producer, s | stuck calls still pending then |",
+            "|---|---:|---:|",
+        ]
+        for name, (seconds, still) in totals.isolation.items():
+            lines.append(f"| {name} | {seconds:.2f} | {still} of {ISOLATION_STUCK} |")
     lines += ["", f"Records visible to read_committed at the end: {visible} produced.",
               "Driver threads: the Python threads the variant adds to drive its producers (the most seen at the "
               "end of a round); each librdkafka producer also runs its own C threads, the same for every variant."]
@@ -277,6 +337,8 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--no-isolation", dest="isolation", action="store_false",
+                        help="skip the run next to producers stuck on an unreachable cluster")
     parser.add_argument("--record", action="store_true", help="write the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)

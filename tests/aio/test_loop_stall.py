@@ -210,3 +210,42 @@ def test_no_call_blocks_the_loop_with_the_broker_stopped(private_kafka: LocalKaf
 def report_interval_bound() -> float:
     """Seconds per tick the loop must at least sustain: 1 ms ticks, 20x slack for a loaded machine."""
     return 0.001 * 20
+
+
+def test_calls_stuck_on_a_dead_cluster_do_not_delay_a_healthy_producer(
+    kafka_bootstrap: str, topic_factory: Callable[..., str]
+) -> None:
+    """One thread per producer: eight producers waiting on an unreachable cluster hold eight threads, not the loop
+    and not a shared pool, so a producer on a live cluster goes on at its usual pace."""
+    topic = topic_factory()
+    dead = f"127.0.0.1:{port_base() + 1999}"  # nothing listens there
+
+    async def main() -> tuple[float, StallReport, int]:
+        stuck = [
+            AsyncTwoPhaseCommitProducer({"bootstrap.servers": dead, "transactional.id": f"k2pc-aio-dead-{n}"})
+            for n in range(8)
+        ]
+        pending = [asyncio.ensure_future(p.init_transactions(5)) for p in stuck]
+        tid = f"k2pc-aio-alive-{uuid.uuid4().hex[:6]}"
+        async with AsyncTwoPhaseCommitProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}) as p:
+            async with LoopStallMonitor() as monitor:
+                start = time.monotonic()
+                await p.init_transactions(30)
+                for t in range(5):
+                    await p.begin_transaction()
+                    await p.produce(topic, value=b"%d" % t)
+                    await p.prepare_transaction(30)
+                    await p.commit_transaction(30)
+                healthy = time.monotonic() - start
+        still_stuck = sum(1 for f in pending if not f.done())
+        for f in pending:
+            f.cancel()
+        return healthy, monitor.report, still_stuck
+
+    healthy, report, still_stuck = run(main())
+    print(f"\n5 transactions on a live cluster in {healthy:.2f}s while {still_stuck} of 8 producers "
+          f"wait on a dead one: {report.summary()}")
+    assert still_stuck == 8  # the dead cluster's calls were still waiting (30 s bootstrap) ...
+    assert healthy < 10  # ... and did not hold up the live producer
+    assert report.max_stall < STALL_BOUND_S
+    assert sorted(r.value for r in drain(kafka_bootstrap, topic)) == [b"%d" % t for t in range(5)]
