@@ -342,6 +342,7 @@ def main() -> int:
     parser.add_argument("--record", action="store_true", help="write the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # the isolation run's refused connections
     totals, visible = run(args)
     text = table(totals, args, visible)
     print(text)

@@ -167,8 +167,9 @@ def test_no_call_blocks_the_loop_with_the_broker_stopped(private_kafka: LocalKaf
         a, b, admin = loop.run_until_complete(before())
         private_kafka.stop()
 
+        c = AsyncTwoPhaseCommitProducer(config("c"))
+
         async def down() -> tuple[StallReport, float]:
-            c = AsyncTwoPhaseCommitProducer(config("c"))
             start = time.monotonic()
             async with LoopStallMonitor() as monitor:
                 delivery = await a.produce(topic, value=b"a")
@@ -199,7 +200,8 @@ def test_no_call_blocks_the_loop_with_the_broker_stopped(private_kafka: LocalKaf
             await b.commit_transaction(60)
             assert b.state is TxnState.READY
             await a.abort_transaction(60)
-            await asyncio.gather(a.close(), b.close())
+            # The calls the test stopped waiting for end now (the broker is back); closing queues behind them.
+            await asyncio.gather(a.close(), b.close(), c.close(), admin.close())
 
         loop.run_until_complete(asyncio.wait_for(after(), 120))
     finally:
