@@ -12,11 +12,16 @@ import functools
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
-from kafka2pc._admin import TransactionAdmin, TransactionInfo
-from kafka2pc._exceptions import IllegalStateError
-from kafka2pc._recovery import RecoveryPlan, Settlement, TransactionOutcome
-from kafka2pc._state import PreparedTxnState
-from kafka2pc._types import TransactionDescription
+from kafka2pc import (
+    IllegalStateError,
+    PreparedTxnState,
+    RecoveryPlan,
+    Settlement,
+    TransactionAdmin,
+    TransactionInfo,
+    TransactionOutcome,
+)
+from kafka2pc._types import TransactionDescription  # what force_terminate_transaction returns
 from kafka2pc.aio._worker import SerialWorker
 
 __all__ = ["AsyncTransactionAdmin"]

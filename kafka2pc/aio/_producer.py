@@ -17,12 +17,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from kafka2pc._errors import translate_confluent_error
-from kafka2pc._exceptions import IllegalStateError, UsageError
-from kafka2pc._machine import TxnState
-from kafka2pc._producer import QueueFullError, TwoPhaseCommitProducer
-from kafka2pc._recovery import Settlement
-from kafka2pc._state import PreparedTxnState
+from kafka2pc import (
+    IllegalStateError,
+    PreparedTxnState,
+    QueueFullError,
+    Settlement,
+    TwoPhaseCommitProducer,
+    TxnState,
+    UsageError,
+)
+from kafka2pc._errors import translate_confluent_error  # the one place confluent-kafka errors are mapped
 from kafka2pc.aio._worker import SerialWorker
 
 __all__ = ["AsyncTwoPhaseCommitProducer"]
