@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 
@@ -25,7 +26,7 @@ def test_calls_run_in_order_on_the_worker_thread_never_on_the_loop() -> None:
             seen.append((n, threading.current_thread().name))
             return n
 
-        results = await asyncio.gather(*(worker.submit(loop, lambda n=n: call(n), lambda: None) for n in range(5)))
+        results = await asyncio.gather(*(worker.submit(loop, functools.partial(call, n), lambda: None) for n in range(5)))
         assert results == [0, 1, 2, 3, 4]
         assert seen == [(n, "t-order") for n in range(5)]
         worker.stop()
