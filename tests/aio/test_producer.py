@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import pytest
 from _aio_helpers import run
+from confluent_kafka import Consumer
+from confluent_kafka import TopicPartition as ConfluentTopicPartition
 
 from kafka2pc import (
     FatalError,
@@ -250,3 +252,41 @@ def test_a_prepared_transaction_the_broker_aborted_is_a_heuristic_outcome(
 
     run(main())
     assert drain(kafka_bootstrap, topic) == []
+
+
+def test_consume_transform_produce_commits_the_offsets_with_the_transaction(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], tid: str
+) -> None:
+    source, sink = topic_factory(), topic_factory()
+    group = f"k2pc-aio-group-{uuid.uuid4().hex[:6]}"
+    seed = TwoPhaseCommitProducer(config(kafka_bootstrap, f"{tid}-seed"))
+    seed.init_transactions(30)
+    seed.begin_transaction()
+    for i in range(3):
+        seed.produce(source, value=b"in-%d" % i)
+    seed.commit_transaction(30)
+    seed.close()
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    consumer.subscribe([source])
+
+    async def main() -> None:
+        async with AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid)) as p:
+            await p.init_transactions(30)
+            messages = await asyncio.to_thread(consumer.consume, 3, 30)  # the consumer blocks: not on the loop
+            assert [m.value() for m in messages] == [b"in-0", b"in-1", b"in-2"]
+            await p.begin_transaction()
+            for m in messages:
+                await p.produce(sink, value=m.value().replace(b"in", b"out"))
+            await p.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                                consumer.consumer_group_metadata(), 30)
+            await p.prepare_transaction(30)
+            await p.commit_transaction(30)
+
+    try:
+        run(main())
+        committed = consumer.committed([ConfluentTopicPartition(source, 0)], timeout=30)
+    finally:
+        consumer.close()
+    assert committed[0].offset == 3  # the position after the 3 consumed records, committed with the output
+    assert [r.value for r in drain(kafka_bootstrap, sink)] == [b"out-0", b"out-1", b"out-2"]
