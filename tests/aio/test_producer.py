@@ -290,3 +290,47 @@ def test_consume_transform_produce_commits_the_offsets_with_the_transaction(
         consumer.close()
     assert committed[0].offset == 3  # the position after the 3 consumed records, committed with the output
     assert [r.value for r in drain(kafka_bootstrap, sink)] == [b"out-0", b"out-1", b"out-2"]
+
+
+@pytest.mark.parametrize("prepared_by", ["sync", "async"])
+def test_a_state_prepared_by_one_api_is_completed_by_the_other(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], tid: str, prepared_by: str
+) -> None:
+    """Same PreparedTxnState format: a sync service's prepared transaction is settled by an async one, and back."""
+    topic = topic_factory()
+
+    async def prepare_async() -> str:
+        p = AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid))
+        await p.init_transactions(30)
+        await p.begin_transaction()
+        await p.produce(topic, value=b"prepared")
+        text = str(await p.prepare_transaction(30))
+        await p.close()  # gone without committing, as after a crash
+        return text
+
+    def prepare_sync() -> str:
+        p = TwoPhaseCommitProducer(config(kafka_bootstrap, tid))
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.produce(topic, value=b"prepared")
+        text = str(p.prepare_transaction(30))
+        p.close()
+        return text
+
+    async def complete_async(text: str) -> None:
+        async with AsyncTwoPhaseCommitProducer(config(kafka_bootstrap, tid)) as p:
+            await p.init_transactions(keep_prepared_txn=True)
+            await p.complete_transaction(PreparedTxnState(text))
+            assert p.last_settlement is not None and p.last_settlement.outcome is TransactionOutcome.COMMITTED
+
+    def complete_sync(text: str) -> None:
+        with TwoPhaseCommitProducer(config(kafka_bootstrap, tid)) as p:
+            p.init_transactions(keep_prepared_txn=True)
+            p.complete_transaction(PreparedTxnState(text))
+            assert p.last_settlement is not None and p.last_settlement.outcome is TransactionOutcome.COMMITTED
+
+    if prepared_by == "sync":
+        run(complete_async(prepare_sync()))
+    else:
+        complete_sync(run(prepare_async()))
+    assert [r.value for r in drain(kafka_bootstrap, topic)] == [b"prepared"]
