@@ -91,7 +91,6 @@ class AsyncTwoPhaseCommitProducer:
         self._pending: set[asyncio.Future[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._control_in_flight: list[str] = []
-        self._calls_in_flight = 0
         self._closed = False
         self._worker = SerialWorker(
             f"kafka2pc-aio-{self._sync.transactional_id}",
@@ -294,22 +293,17 @@ class AsyncTwoPhaseCommitProducer:
 
     def _call(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
         loop = self._bind_loop()
-        self._calls_in_flight += 1
-        return self._worker.submit(loop, fn, self._call_done)
-
-    def _call_done(self) -> None:
-        self._calls_in_flight -= 1
+        return self._worker.submit(loop, fn, _nothing)
 
     async def _control(self, name: str, fn: Callable[[], _T]) -> _T:
         loop = self._bind_loop()
-        self._control_in_flight.append(name)
-        self._calls_in_flight += 1
 
-        def done() -> None:
-            self._calls_in_flight -= 1
+        def done() -> None:  # on the loop, once the call has finished
             self._control_in_flight.remove(name)
 
-        return await self._worker.submit(loop, fn, done)
+        future = self._worker.submit(loop, fn, done)
+        self._control_in_flight.append(name)
+        return await future
 
     def _has_undelivered(self) -> bool:
         return len(self._sync) > 0
@@ -353,3 +347,7 @@ class AsyncTwoPhaseCommitProducer:
                 # prepare_transaction reports the failure too: an un-awaited delivery
                 # future must not log "exception was never retrieved" (awaiting it still raises).
                 future.exception()
+
+
+def _nothing() -> None:
+    pass
