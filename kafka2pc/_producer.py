@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,6 +33,17 @@ __all__ = ["TwoPhaseCommitProducer"]
 logger = logging.getLogger(__name__)
 
 TWO_PC_CONFIG = "transaction.two.phase.commit.enable"
+ANCHOR_TOPIC_CONFIG = "kafka2pc.anchor.topic"
+DEFAULT_ANCHOR_TOPIC = "kafka2pc-anchors"
+"""Topic of the marker records that anchor offsets-only transactions (see :mod:`kafka2pc._state`)."""
+ANCHOR_TOPIC_PARTITIONS = 8
+"""Partitions of an anchor topic kafka2pc creates: markers of different ids spread over them.
+
+A prepared transaction holds back its anchor partition's last stable offset,
+which only delays the *outcome* probe of other ids' markers on that partition;
+spreading the ids keeps that rare.
+"""
+_TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _REQUIRED_APIS = ("InitProducerId", "EndTxn", "DescribeTransactions", "DescribeProducers", "ListOffsets")
 _timeout_warning_logged = False
 
@@ -96,6 +109,13 @@ class TwoPhaseCommitProducer:
             raise UsageError("config must set 'transactional.id' to a non-empty string")
         self._transactional_id = tid
         self._two_pc_requested = _as_bool(conf.pop(TWO_PC_CONFIG, False), TWO_PC_CONFIG)
+        anchor_topic = conf.pop(ANCHOR_TOPIC_CONFIG, DEFAULT_ANCHOR_TOPIC)
+        if not isinstance(anchor_topic, str) or not _TOPIC_NAME_RE.fullmatch(anchor_topic) or anchor_topic in (
+            ".", ".."
+        ):
+            raise UsageError(f"{ANCHOR_TOPIC_CONFIG} must be a valid topic name, not {anchor_topic!r}")
+        self._anchor_topic = anchor_topic
+        self._anchor_topic_checked = False
         if self._two_pc_requested and "transaction.timeout.ms" in conf:
             raise UsageError(
                 f"{TWO_PC_CONFIG}=true and transaction.timeout.ms cannot be set together (KIP-939)"
@@ -123,6 +143,8 @@ class TwoPhaseCommitProducer:
         self._epoch = -1
         self._ids_stale = True
         self._anchor: tuple[str, int, int] | None = None
+        self._offsets_sent = False
+        self._marker_queued = False
         self._delivery_error: KafkaError | None = None
         self._prepared: PreparedTxnState | None = None
         self._last_settlement: Settlement | None = None
@@ -179,6 +201,8 @@ class TwoPhaseCommitProducer:
         """Start a transaction (no broker round trip)."""
         self._machine.check("begin_transaction")
         self._anchor = None
+        self._offsets_sent = False
+        self._marker_queued = False
         self._delivery_error = None
         self._prepared = None
         self._call(lambda p: p.begin_transaction(), "begin_transaction")
@@ -226,8 +250,16 @@ class TwoPhaseCommitProducer:
     def send_offsets_to_transaction(
         self, offsets: list[Any], group_metadata: Any, timeout: float | None = None
     ) -> None:
-        """Add consumer offsets to the transaction (exactly-once consume-transform-produce)."""
+        """Add consumer offsets to the transaction (exactly-once consume-transform-produce).
+
+        A transaction that writes no record besides these offsets is anchored
+        on a tiny marker record that ``prepare_transaction`` writes to the
+        anchor topic (``kafka2pc.anchor.topic``, default ``kafka2pc-anchors``,
+        created on first use), so that its :class:`PreparedTxnState` names it
+        exactly.  A transaction with records pays nothing extra.
+        """
         self._machine.check("send_offsets_to_transaction")
+        self._offsets_sent = True  # set first: a call that times out may still have reached the broker
         args = (offsets, group_metadata) if timeout is None else (offsets, group_metadata, timeout)
         self._call(lambda p: p.send_offsets_to_transaction(*args), "send_offsets_to_transaction")
 
@@ -240,8 +272,38 @@ class TwoPhaseCommitProducer:
         :class:`ProducerFencedError` when a newer instance (e.g. a recovery) has
         fenced this one; a flush that did not finish in ``timeout`` seconds raises
         :class:`RetriableError` and leaves the transaction open (call again).
+
+        The state names exactly this transaction whatever it holds: a
+        transaction with records is anchored on its first delivered record (no
+        extra round trip); one with only consumer offsets gets a marker record
+        in the anchor topic first (one more produce, and once per producer a
+        topic lookup, creating the topic if it is missing); one that sent
+        nothing says so.
         """
         self._machine.check("prepare_transaction")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._flush_for_prepare(timeout)
+        if self._anchor is None and self._offsets_sent and not self._marker_queued:
+            self._queue_marker(deadline)
+            self._flush_for_prepare(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+        if self._ids_stale:
+            self._refresh_ids()
+        anchor = self._anchor
+        if anchor is None and self._offsets_sent:  # pragma: no cover - a delivered marker sets the anchor
+            raise FatalError(f"prepare_transaction({self._transactional_id!r}): the marker record has no offset")
+        state = PreparedTxnState._build(
+            self._producer_id, self._epoch, self._transactional_id,
+            None if anchor is None else TopicPartition(anchor[0], anchor[1]),
+            -1 if anchor is None else anchor[2],
+            sent_nothing=anchor is None,
+        )
+        self._prepared = state
+        self._machine.transition_to(TxnState.PREPARED)
+        logger.debug("%s: prepared %s", self._transactional_id, state)
+        return state
+
+    def _flush_for_prepare(self, timeout: float | None) -> None:
+        """Flush; raise the first delivery error (abortable or fatal), or RetriableError on timeout."""
         remaining = self._call(lambda p: p.flush(-1 if timeout is None else timeout), "prepare_transaction")
         if self._delivery_error is not None:
             failed = translate_confluent_error(
@@ -260,18 +322,64 @@ class TwoPhaseCommitProducer:
             raise err
         if remaining:
             raise RetriableError(f"prepare_transaction: {remaining} records still in flight after {timeout}s")
-        if self._ids_stale:
-            self._refresh_ids()
-        anchor = self._anchor
-        state = PreparedTxnState._build(
-            self._producer_id, self._epoch, self._transactional_id,
-            None if anchor is None else TopicPartition(anchor[0], anchor[1]),
-            -1 if anchor is None else anchor[2],
+
+    def _queue_marker(self, deadline: float | None) -> None:
+        """Produce the marker record that anchors an offsets-only transaction."""
+        if not self._anchor_topic_checked:
+            self._ensure_anchor_topic(deadline)
+        producer = self._require_producer()
+        try:
+            producer.produce(
+                self._anchor_topic, key=self._transactional_id.encode(), value=b"",
+                on_delivery=self._plain_delivery_callback,
+            )
+        except BufferError as exc:
+            raise QueueFullError(str(exc)) from exc
+        except KafkaException as exc:
+            raise self._failed("prepare_transaction", exc) from exc
+        self._marker_queued = True
+
+    def _ensure_anchor_topic(self, deadline: float | None) -> None:
+        """Create the anchor topic if it is missing (once per producer); errors say what to do."""
+        topic = self._anchor_topic
+        if topic in self._ctrl.topic_names():
+            self._anchor_topic_checked = True
+            return
+        from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+        from kafka2pc._control import _connection_only
+
+        wait = 30.0 if deadline is None else max(deadline - time.monotonic(), 0.1)
+        admin = AdminClient(_connection_only(self._config))
+        new_topic = NewTopic(
+            topic, ANCHOR_TOPIC_PARTITIONS, -1, config={"cleanup.policy": "delete"}
         )
-        self._prepared = state
-        self._machine.transition_to(TxnState.PREPARED)
-        logger.debug("%s: prepared %s", self._transactional_id, state)
-        return state
+        future = admin.create_topics([new_topic], operation_timeout=wait, request_timeout=wait)[topic]
+        try:
+            future.result(timeout=wait)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                cause = translate_confluent_error(exc, "creating the anchor topic")
+                error = AbortableError(
+                    f"prepare_transaction({self._transactional_id!r}): this transaction holds consumer offsets "
+                    f"but no record, so kafka2pc anchors it on a marker record in topic {topic!r} "
+                    f"({ANCHOR_TOPIC_CONFIG}), which does not exist and could not be created: {cause}. "
+                    f"Create it (cleanup.policy=delete) or grant CREATE on it, and WRITE to this producer; "
+                    "then abort this transaction and retry",
+                    error_name=getattr(cause, "error_name", None), error_code=getattr(cause, "error_code", None),
+                )
+                self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=error)
+                raise error from exc
+        except Exception as exc:  # concurrent.futures.TimeoutError: no answer in time
+            error = AbortableError(
+                f"prepare_transaction({self._transactional_id!r}): creating the anchor topic {topic!r} "
+                f"({ANCHOR_TOPIC_CONFIG}) got no answer within {wait:.1f}s: {exc!r}; abort and retry"
+            )
+            self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=error)
+            raise error from exc
+        logger.info("%s: created the anchor topic %r for offsets-only transactions", self._transactional_id, topic)
+        self._anchor_topic_checked = True
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Commit the current (prepared or not) transaction.

@@ -129,9 +129,18 @@ def _is_open_prepared(ctrl: ControlPlane, desc: TransactionDescription, state: P
             "consecutive librdkafka transactions apart", state,
         )
         return desc.producer_epoch == state.epoch
+    if state.sent_nothing:
+        # The stored transaction sent nothing to Kafka, so nothing of it can be open:
+        # whatever is open under the id is another transaction.
+        return False
     if anchor is None:
-        # The prepared transaction wrote no record: only an open transaction that
-        # wrote none either (at most consumer offsets) can be it.
+        # Written by kafka2pc before offsets-only transactions got a marker record:
+        # only an open transaction that wrote no record either (at most consumer
+        # offsets) can be it, but consecutive ones cannot be told apart.
+        logger.warning(
+            "state %s has no anchor (written by an older kafka2pc): matching an offsets-only transaction "
+            "on producerId:epoch only, which cannot tell consecutive librdkafka transactions apart", state,
+        )
         return desc.producer_epoch == state.epoch and all(
             tp.topic in _INTERNAL_TOPICS for tp in desc.partitions
         )
