@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -14,6 +15,7 @@ from kafka2pc._control import ControlPlane
 from kafka2pc._errors import translate_confluent_error
 from kafka2pc._exceptions import (
     AbortableError,
+    BrokerUnavailableError,
     FatalError,
     HeuristicOutcomeError,
     IllegalStateError,
@@ -47,6 +49,35 @@ _TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _REQUIRED_APIS = ("InitProducerId", "EndTxn", "DescribeTransactions", "DescribeProducers", "ListOffsets")
 _timeout_warning_logged = False
 
+DEFAULT_TIMEOUT_S = 60.0
+"""The bound of ``init_transactions``, ``prepare_transaction``, ``commit_transaction``,
+``abort_transaction`` and ``complete_transaction`` when the caller gives no ``timeout``.
+
+The Java producer bounds the same calls by ``max.block.ms`` (60 s by default).
+Without it librdkafka would wait until the broker returns, bounded only by
+``transaction.timeout.ms`` (which kafka2pc raises to the broker's maximum, up
+to about 35 minutes), holding the caller's database transaction all that time.
+A call given ``timeout`` ends within it plus :data:`TIMEOUT_SLACK_S`.
+"""
+TIMEOUT_SLACK_S = 1.0
+"""What a bounded call may overrun its ``timeout`` by: the request or poll in
+flight when the deadline passes (librdkafka and kafka-python check their
+deadlines between polls of at most a few hundred milliseconds)."""
+
+
+def _deadline_after(timeout: float | None) -> float:
+    if timeout is not None and timeout < 0:
+        raise UsageError(f"timeout must not be negative, got {timeout}")
+    return time.monotonic() + (DEFAULT_TIMEOUT_S if timeout is None else timeout)
+
+
+def _left(deadline: float, op: str) -> float:
+    """Seconds left before ``deadline``; :class:`BrokerUnavailableError` once it has passed."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise BrokerUnavailableError(f"{op}: no answer from the cluster within the timeout")
+    return remaining
+
 LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS = 2_147_483
 """The largest ``transaction.timeout.ms`` librdkafka handles: 2**31 microseconds.
 
@@ -69,6 +100,27 @@ def _as_bool(value: Any, name: str) -> bool:
     if text in ("false", "0", "no"):
         return False
     raise UsageError(f"{name} must be true or false, not {value!r}")
+
+
+def _check_librdkafka_config(conf: Mapping[str, Any]) -> None:
+    """Raise :class:`UsageError` naming the key if librdkafka refuses ``conf`` (unknown key, bad value,
+    ``acks`` other than ``all``, ``enable.idempotence=false``...).
+
+    librdkafka validates the whole configuration when a client is created; a
+    throwaway producer without bootstrap servers (it connects to nothing,
+    about 3 ms) lets the constructor report what would otherwise surface as a
+    raw ``KafkaException`` at ``init_transactions``.
+    """
+    probe = {k: v for k, v in conf.items() if k not in ("bootstrap.servers", "metadata.broker.list")}
+    probe["log_level"] = 0  # no "no bootstrap.servers configured" notice
+    try:
+        Producer(probe)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        detail = err.str() if err is not None else str(exc)
+        raise UsageError(f"invalid producer configuration: {detail}") from exc
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"invalid producer configuration: {exc}") from exc
 
 
 class TwoPhaseCommitProducer:
@@ -134,6 +186,7 @@ class TwoPhaseCommitProducer:
                     "(2**31 microseconds), where librdkafka's request timeouts wrap around and every "
                     "request times out at once; leave it unset to get the broker's maximum within that limit"
                 )
+        _check_librdkafka_config(conf)
         self._config = conf
         self._ctrl = control_plane or ControlPlane(conf)
         self._owns_ctrl = control_plane is None
@@ -145,6 +198,7 @@ class TwoPhaseCommitProducer:
         self._anchor: tuple[str, int, int] | None = None
         self._offsets_sent = False
         self._marker_queued = False
+        self._plain_init = False
         self._delivery_error: KafkaError | None = None
         self._prepared: PreparedTxnState | None = None
         self._last_settlement: Settlement | None = None
@@ -188,18 +242,26 @@ class TwoPhaseCommitProducer:
         ``commit_transaction``, ``abort_transaction`` or
         ``complete_transaction(state)``, which settle it through the
         coordinator and then fence the previous instance.
+
+        Ends within ``timeout`` (default :data:`DEFAULT_TIMEOUT_S`) plus
+        :data:`TIMEOUT_SLACK_S`; an unreachable cluster raises
+        :class:`BrokerUnavailableError`.
         """
         self._machine.check("init_transactions")
-        self._check_broker()
+        deadline = _deadline_after(timeout)
+        with self._bounded(deadline, "init_transactions"):
+            self._check_broker()
         if keep_prepared_txn:
             self._machine.transition_to(TxnState.RECOVERING)
             return
-        self._start_producer(timeout)
+        self._start_producer(deadline)
+        self._plain_init = True
         self._machine.transition_to(TxnState.READY)
 
     def begin_transaction(self) -> None:
         """Start a transaction (no broker round trip)."""
         self._machine.check("begin_transaction")
+        self._plain_init = False
         self._anchor = None
         self._offsets_sent = False
         self._marker_queued = False
@@ -270,8 +332,10 @@ class TwoPhaseCommitProducer:
         ``complete_transaction`` are allowed.  A record that failed delivery
         raises :class:`AbortableError` (abort and retry the transaction), or
         :class:`ProducerFencedError` when a newer instance (e.g. a recovery) has
-        fenced this one; a flush that did not finish in ``timeout`` seconds raises
-        :class:`RetriableError` and leaves the transaction open (call again).
+        fenced this one; a flush that did not finish in ``timeout`` seconds
+        (default :data:`DEFAULT_TIMEOUT_S`, e.g. while the broker is down)
+        raises :class:`RetriableError` and leaves the transaction open (call
+        again, or abort).
 
         The state names exactly this transaction whatever it holds: a
         transaction with records is anchored on its first delivered record (no
@@ -281,13 +345,14 @@ class TwoPhaseCommitProducer:
         nothing says so.
         """
         self._machine.check("prepare_transaction")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self._flush_for_prepare(timeout)
+        deadline = _deadline_after(timeout)
+        self._flush_for_prepare(max(deadline - time.monotonic(), 0.0))
         if self._anchor is None and self._offsets_sent and not self._marker_queued:
             self._queue_marker(deadline)
-            self._flush_for_prepare(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+            self._flush_for_prepare(max(deadline - time.monotonic(), 0.0))
         if self._ids_stale:
-            self._refresh_ids()
+            with self._bounded(deadline, "prepare_transaction"):
+                self._refresh_ids()
         anchor = self._anchor
         if anchor is None and self._offsets_sent:  # pragma: no cover - a delivered marker sets the anchor
             raise FatalError(f"prepare_transaction({self._transactional_id!r}): the marker record has no offset")
@@ -302,9 +367,9 @@ class TwoPhaseCommitProducer:
         logger.debug("%s: prepared %s", self._transactional_id, state)
         return state
 
-    def _flush_for_prepare(self, timeout: float | None) -> None:
+    def _flush_for_prepare(self, timeout: float) -> None:
         """Flush; raise the first delivery error (abortable or fatal), or RetriableError on timeout."""
-        remaining = self._call(lambda p: p.flush(-1 if timeout is None else timeout), "prepare_transaction")
+        remaining = self._call(lambda p: p.flush(timeout), "prepare_transaction")
         if self._delivery_error is not None:
             failed = translate_confluent_error(
                 self._delivery_error, f"prepare_transaction({self._transactional_id!r}): a record failed delivery"
@@ -323,7 +388,7 @@ class TwoPhaseCommitProducer:
         if remaining:
             raise RetriableError(f"prepare_transaction: {remaining} records still in flight after {timeout}s")
 
-    def _queue_marker(self, deadline: float | None) -> None:
+    def _queue_marker(self, deadline: float) -> None:
         """Produce the marker record that anchors an offsets-only transaction."""
         if not self._anchor_topic_checked:
             self._ensure_anchor_topic(deadline)
@@ -339,17 +404,19 @@ class TwoPhaseCommitProducer:
             raise self._failed("prepare_transaction", exc) from exc
         self._marker_queued = True
 
-    def _ensure_anchor_topic(self, deadline: float | None) -> None:
+    def _ensure_anchor_topic(self, deadline: float) -> None:
         """Create the anchor topic if it is missing (once per producer); errors say what to do."""
         topic = self._anchor_topic
-        if topic in self._ctrl.topic_names():
+        with self._bounded(deadline, "prepare_transaction"):
+            names = self._ctrl.topic_names()
+        if topic in names:
             self._anchor_topic_checked = True
             return
         from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
         from kafka2pc._control import _connection_only
 
-        wait = 30.0 if deadline is None else max(deadline - time.monotonic(), 0.1)
+        wait = max(deadline - time.monotonic(), 0.1)
         admin = AdminClient(_connection_only(self._config))
         new_topic = NewTopic(
             topic, ANCHOR_TOPIC_PARTITIONS, -1, config={"cleanup.policy": "delete"}
@@ -386,8 +453,9 @@ class TwoPhaseCommitProducer:
 
         After ``init_transactions(keep_prepared_txn=True)`` this commits
         whatever transaction the previous instance left open.  A timeout
-        raises :class:`IndefiniteOutcomeError`: retry the call, or settle with
-        ``complete_transaction(state)``; no new transaction starts before that.
+        (default :data:`DEFAULT_TIMEOUT_S`) raises :class:`IndefiniteOutcomeError`:
+        retry the call, or settle with ``complete_transaction(state)``; no new
+        transaction starts before that.
         """
         source = self._machine.check("commit_transaction")
         if source is TxnState.RECOVERING or (source is TxnState.IN_DOUBT and self._producer is None):
@@ -417,8 +485,17 @@ class TwoPhaseCommitProducer:
         """
         if not isinstance(state, PreparedTxnState):
             raise UsageError(f"complete_transaction() takes a PreparedTxnState, not {type(state).__name__}")
+        if self._plain_init and self._machine.state is TxnState.READY:
+            raise IllegalStateError(
+                f"complete_transaction({state}) after a plain init_transactions(): that call aborted any "
+                f"transaction a previous instance of {self._transactional_id!r} had left open, prepared or not "
+                "(KIP-939), so the transaction this state names was aborted if it was still open. To settle a "
+                "stored state after a restart, call init_transactions(keep_prepared_txn=True) on a new producer, "
+                "then complete_transaction(state)"
+            )
         source = self._machine.check("complete_transaction")
         state.check_transactional_id(self._transactional_id)
+        deadline = _deadline_after(timeout)
         if source is TxnState.PREPARED:
             if state == self._prepared:
                 self._end_local(commit=True, timeout=timeout)
@@ -428,18 +505,19 @@ class TwoPhaseCommitProducer:
                 self._end_local(commit=False, timeout=timeout)
             return
         try:
-            self._last_settlement = settle(self._ctrl, self._transactional_id, state)
+            with self._bounded(deadline, "complete_transaction"):
+                self._last_settlement = settle(self._ctrl, self._transactional_id, state)
         except IndefiniteOutcomeError:
             if source is not TxnState.IN_DOUBT:
                 self._machine.transition_to(TxnState.IN_DOUBT, operation="complete_transaction")
             raise
         except HeuristicOutcomeError:
-            self._reinitialize(timeout)  # a heuristic outcome is settled: fence and move on
+            self._reinitialize(deadline)  # a heuristic outcome is settled: fence and move on
             raise
         # Any other error (broker unavailable, authorization...) leaves the transaction
         # as it was: re-initialising now would abort a prepared transaction whose
         # commit was decided.  The caller retries complete_transaction.
-        self._reinitialize(timeout)
+        self._reinitialize(deadline)
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush nothing, release the producer and the control plane connections."""
@@ -507,14 +585,36 @@ class TwoPhaseCommitProducer:
                 )
         return conf
 
-    def _start_producer(self, timeout: float | None) -> None:
-        producer = Producer(self._producer_config())
+    @contextmanager
+    def _bounded(self, deadline: float, op: str) -> Iterator[None]:
+        """Hold the control-plane calls made in the block to ``deadline``."""
+        remaining = _left(deadline, op)
+        block = getattr(self._ctrl, "deadline", None)
+        if block is not None:  # a ControlPlane with deadline blocks
+            with block(remaining):
+                yield
+            return
+        # A ControlPlane without them: shorten its per-request timeout (and so its
+        # bootstrap wait) for the block.
+        saved = self._ctrl._request_timeout_ms
+        self._ctrl._request_timeout_ms = max(1, min(saved, int(remaining * 1000)))
         try:
-            producer.init_transactions(*(() if timeout is None else (timeout,)))
+            yield
+        finally:
+            self._ctrl._request_timeout_ms = saved
+
+    def _start_producer(self, deadline: float) -> None:
+        op = f"init_transactions({self._transactional_id!r})"
+        with self._bounded(deadline, op):
+            config = self._producer_config()
+        producer = Producer(config)
+        try:
+            producer.init_transactions(_left(deadline, op))
         except KafkaException as exc:
-            raise translate_confluent_error(exc, f"init_transactions({self._transactional_id!r})") from exc
+            raise translate_confluent_error(exc, op) from exc
         self._producer = producer
-        self._refresh_ids()
+        with self._bounded(deadline, op):
+            self._refresh_ids()
 
     def _refresh_ids(self) -> None:
         desc = self._ctrl.describe_transaction(self._transactional_id)
@@ -523,28 +623,30 @@ class TwoPhaseCommitProducer:
         self._producer_id, self._epoch = desc.producer_id, desc.producer_epoch
         self._ids_stale = False
 
-    def _reinitialize(self, timeout: float | None) -> None:
+    def _reinitialize(self, deadline: float) -> None:
         """Replace the librdkafka producer: a new InitProducerId bumps the epoch and fences older ones."""
         old, self._producer = self._producer, None
         if old is not None:
             old.purge()
             del old
-        self._start_producer(timeout)
+        self._start_producer(deadline)
         self._prepared = None
         self._machine.transition_to(TxnState.READY)
 
     def _settle_open(self, *, commit: bool, timeout: float | None) -> None:
-        desc = self._ctrl.describe_transaction(self._transactional_id)
-        if desc is not None and desc.state == "Ongoing":
-            self._ctrl.end_txn(self._transactional_id, desc.producer_id, desc.producer_epoch, commit=commit)
-            logger.info("%s: %s the transaction left open by producer %d/%d", self._transactional_id,
-                        "committed" if commit else "aborted", desc.producer_id, desc.producer_epoch)
-        self._reinitialize(timeout)
+        deadline = _deadline_after(timeout)
+        with self._bounded(deadline, "commit_transaction" if commit else "abort_transaction"):
+            desc = self._ctrl.describe_transaction(self._transactional_id)
+            if desc is not None and desc.state == "Ongoing":
+                self._ctrl.end_txn(self._transactional_id, desc.producer_id, desc.producer_epoch, commit=commit)
+                logger.info("%s: %s the transaction left open by producer %d/%d", self._transactional_id,
+                            "committed" if commit else "aborted", desc.producer_id, desc.producer_epoch)
+        self._reinitialize(deadline)
 
     def _end_local(self, *, commit: bool, timeout: float | None) -> None:
         op = "commit_transaction" if commit else "abort_transaction"
         producer = self._require_producer()
-        args = () if timeout is None else (timeout,)
+        args = (DEFAULT_TIMEOUT_S if timeout is None else timeout,)
         try:
             producer.commit_transaction(*args) if commit else producer.abort_transaction(*args)
         except KafkaException as exc:
