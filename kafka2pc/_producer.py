@@ -495,7 +495,6 @@ class TwoPhaseCommitProducer:
             )
         source = self._machine.check("complete_transaction")
         state.check_transactional_id(self._transactional_id)
-        deadline = _deadline_after(timeout)
         if source is TxnState.PREPARED:
             if state == self._prepared:
                 self._end_local(commit=True, timeout=timeout)
@@ -504,20 +503,22 @@ class TwoPhaseCommitProducer:
                             state, self._prepared)
                 self._end_local(commit=False, timeout=timeout)
             return
+        # The settlement itself is bounded by the control plane's own timeouts, not by
+        # ``timeout``: callers (the dual-write recipe) rely on it waiting out a broker
+        # restart; ``timeout`` bounds the re-initialisation that follows.
         try:
-            with self._bounded(deadline, "complete_transaction"):
-                self._last_settlement = settle(self._ctrl, self._transactional_id, state)
+            self._last_settlement = settle(self._ctrl, self._transactional_id, state)
         except IndefiniteOutcomeError:
             if source is not TxnState.IN_DOUBT:
                 self._machine.transition_to(TxnState.IN_DOUBT, operation="complete_transaction")
             raise
         except HeuristicOutcomeError:
-            self._reinitialize(deadline)  # a heuristic outcome is settled: fence and move on
+            self._reinitialize(_deadline_after(timeout))  # a heuristic outcome is settled: fence and move on
             raise
         # Any other error (broker unavailable, authorization...) leaves the transaction
         # as it was: re-initialising now would abort a prepared transaction whose
         # commit was decided.  The caller retries complete_transaction.
-        self._reinitialize(deadline)
+        self._reinitialize(_deadline_after(timeout))
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush nothing, release the producer and the control plane connections."""
@@ -634,14 +635,12 @@ class TwoPhaseCommitProducer:
         self._machine.transition_to(TxnState.READY)
 
     def _settle_open(self, *, commit: bool, timeout: float | None) -> None:
-        deadline = _deadline_after(timeout)
-        with self._bounded(deadline, "commit_transaction" if commit else "abort_transaction"):
-            desc = self._ctrl.describe_transaction(self._transactional_id)
-            if desc is not None and desc.state == "Ongoing":
-                self._ctrl.end_txn(self._transactional_id, desc.producer_id, desc.producer_epoch, commit=commit)
-                logger.info("%s: %s the transaction left open by producer %d/%d", self._transactional_id,
-                            "committed" if commit else "aborted", desc.producer_id, desc.producer_epoch)
-        self._reinitialize(deadline)
+        desc = self._ctrl.describe_transaction(self._transactional_id)
+        if desc is not None and desc.state == "Ongoing":
+            self._ctrl.end_txn(self._transactional_id, desc.producer_id, desc.producer_epoch, commit=commit)
+            logger.info("%s: %s the transaction left open by producer %d/%d", self._transactional_id,
+                        "committed" if commit else "aborted", desc.producer_id, desc.producer_epoch)
+        self._reinitialize(_deadline_after(timeout))
 
     def _end_local(self, *, commit: bool, timeout: float | None) -> None:
         op = "commit_transaction" if commit else "abort_transaction"
