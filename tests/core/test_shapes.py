@@ -9,7 +9,7 @@ must stay, as a ``read_committed`` consumer, the group's committed offset and
 the database see them.  Before the marker record, an offsets-only N+1 was
 *committed* here (its state and N's were the same string).
 
-Shapes: ``records`` (2 records), ``offsets`` (consumer offsets only, anchored
+Shapes: ``records`` (2 keyed records over 2 partitions), ``offsets`` (consumer offsets only, anchored
 on a marker record), ``empty`` (nothing sent).  Both broker lines.
 """
 
@@ -33,8 +33,8 @@ from _crash import Scenario
 ScenarioFactory = Callable[..., Scenario]
 
 FIRST_POSITION = 3
-SHAPES = {"records": "2", "offsets": "0@5", "empty": "0"}
-NEXT = {"records": "2", "offsets": "0@10", "empty": "0"}
+SHAPES = {"records": "4", "offsets": "0@5", "empty": "0"}
+NEXT = {"records": "4", "offsets": "0@10", "empty": "0"}
 PAIRS = [
     ("records", "records"),
     ("records", "offsets"),
@@ -58,7 +58,7 @@ def _outcome(bootstrap: str, state: PreparedTxnState) -> str:
 def test_complete_with_state_n_aborts_prepared_n_plus_1(
     any_kafka_bootstrap: str, scenario_factory: ScenarioFactory, shape_n: str, shape_next: str
 ) -> None:
-    s = scenario_factory(any_kafka_bootstrap)
+    s = scenario_factory(any_kafka_bootstrap, partitions=2)  # records spread over both partitions (keyed)
     child = s.spawn(f"commit:1@{FIRST_POSITION}", f"commit:{SHAPES[shape_n]}", f"prepared:{NEXT[shape_next]}")
     child.expect("COMMITTED")
     state_n = PreparedTxnState(child.expect("COMMITTED"))
@@ -95,7 +95,7 @@ def test_complete_with_state_n_aborts_prepared_n_plus_1(
         producer.close()
 
     # N's effects stay, N+1's are gone: records, group offset, database.
-    expected_rows = ["0-0"] + (["1-0", "1-1"] if shape_n == "records" else [])
+    expected_rows = ["0-0"] + ([f"1-{i}" for i in range(4)] if shape_n == "records" else [])
     s.assert_consistent(expected_rows)
     expected_position = 5 if shape_n == "offsets" else FIRST_POSITION
     assert s.db_position() == expected_position
