@@ -414,10 +414,15 @@ class TwoPhaseCommitProducer:
             return
         from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-        from kafka2pc._control import _connection_only
+        from kafka2pc import _control
 
+        # The librdkafka connection settings (security included): named
+        # librdkafka_connection_config once the control plane is split by concern.
+        connection_config = getattr(_control, "librdkafka_connection_config", None) or getattr(
+            _control, "_connection_only"
+        )
         wait = max(deadline - time.monotonic(), 0.1)
-        admin = AdminClient(_connection_only(self._config))
+        admin = AdminClient(connection_config(self._config))
         new_topic = NewTopic(
             topic, ANCHOR_TOPIC_PARTITIONS, -1, config={"cleanup.policy": "delete"}
         )
