@@ -1,4 +1,13 @@
-"""``TwoPhaseCommitProducer``: KIP-939's participant API over a confluent-kafka producer."""
+"""``TwoPhaseCommitProducer``: KIP-939's participant API over a confluent-kafka producer.
+
+Every prepared state names exactly one transaction (see :mod:`kafka2pc._state`):
+the first delivered record anchors a transaction with records (free: the
+delivery reports carry its offset); a transaction with only consumer offsets
+gets a marker record in the anchor topic at prepare time, because the
+offset-commit record the group coordinator writes to the compacted
+``__consumer_offsets`` would be removed by compaction and then read as aborted
+by the outcome probe; a transaction that sent nothing says so.
+"""
 
 from __future__ import annotations
 
