@@ -1,9 +1,21 @@
-"""``TwoPhaseCommitProducer``: KIP-939's participant API over a confluent-kafka producer."""
+"""``TwoPhaseCommitProducer``: KIP-939's participant API over a confluent-kafka producer.
+
+Every prepared state names exactly one transaction (see :mod:`kafka2pc._state`):
+the first delivered record anchors a transaction with records (free: the
+delivery reports carry its offset); a transaction with only consumer offsets
+gets a marker record in the anchor topic at prepare time, because the
+offset-commit record the group coordinator writes to the compacted
+``__consumer_offsets`` would be removed by compaction and then read as aborted
+by the outcome probe; a transaction that sent nothing says so.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -12,6 +24,7 @@ from kafka2pc._control import ControlPlane
 from kafka2pc._errors import translate_confluent_error
 from kafka2pc._exceptions import (
     AbortableError,
+    BrokerUnavailableError,
     FatalError,
     HeuristicOutcomeError,
     IllegalStateError,
@@ -31,8 +44,48 @@ __all__ = ["TwoPhaseCommitProducer"]
 logger = logging.getLogger(__name__)
 
 TWO_PC_CONFIG = "transaction.two.phase.commit.enable"
+ANCHOR_TOPIC_CONFIG = "kafka2pc.anchor.topic"
+DEFAULT_ANCHOR_TOPIC = "kafka2pc-anchors"
+"""Topic of the marker records that anchor offsets-only transactions (see :mod:`kafka2pc._state`)."""
+ANCHOR_TOPIC_PARTITIONS = 8
+"""Partitions of an anchor topic kafka2pc creates: markers of different ids spread over them.
+
+A prepared transaction holds back its anchor partition's last stable offset,
+which only delays the *outcome* probe of other ids' markers on that partition;
+spreading the ids keeps that rare.
+"""
+_TOPIC_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _REQUIRED_APIS = ("InitProducerId", "EndTxn", "DescribeTransactions", "DescribeProducers", "ListOffsets")
 _timeout_warning_logged = False
+
+DEFAULT_TIMEOUT_S = 60.0
+"""The bound of ``init_transactions``, ``prepare_transaction``, ``commit_transaction``,
+``abort_transaction`` and ``complete_transaction`` when the caller gives no ``timeout``.
+
+The Java producer bounds the same calls by ``max.block.ms`` (60 s by default).
+Without it librdkafka would wait until the broker returns, bounded only by
+``transaction.timeout.ms`` (which kafka2pc raises to the broker's maximum, up
+to about 35 minutes), holding the caller's database transaction all that time.
+A call given ``timeout`` ends within it plus :data:`TIMEOUT_SLACK_S`.
+"""
+TIMEOUT_SLACK_S = 1.0
+"""What a bounded call may overrun its ``timeout`` by: the request or poll in
+flight when the deadline passes (librdkafka and kafka-python check their
+deadlines between polls of at most a few hundred milliseconds)."""
+
+
+def _deadline_after(timeout: float | None) -> float:
+    if timeout is not None and timeout < 0:
+        raise UsageError(f"timeout must not be negative, got {timeout}")
+    return time.monotonic() + (DEFAULT_TIMEOUT_S if timeout is None else timeout)
+
+
+def _left(deadline: float, op: str) -> float:
+    """Seconds left before ``deadline``; :class:`BrokerUnavailableError` once it has passed."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise BrokerUnavailableError(f"{op}: no answer from the cluster within the timeout")
+    return remaining
 
 LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS = 2_147_483
 """The largest ``transaction.timeout.ms`` librdkafka handles: 2**31 microseconds.
@@ -56,6 +109,27 @@ def _as_bool(value: Any, name: str) -> bool:
     if text in ("false", "0", "no"):
         return False
     raise UsageError(f"{name} must be true or false, not {value!r}")
+
+
+def _check_librdkafka_config(conf: Mapping[str, Any]) -> None:
+    """Raise :class:`UsageError` naming the key if librdkafka refuses ``conf`` (unknown key, bad value,
+    ``acks`` other than ``all``, ``enable.idempotence=false``...).
+
+    librdkafka validates the whole configuration when a client is created; a
+    throwaway producer without bootstrap servers (it connects to nothing,
+    about 3 ms) lets the constructor report what would otherwise surface as a
+    raw ``KafkaException`` at ``init_transactions``.
+    """
+    probe = {k: v for k, v in conf.items() if k not in ("bootstrap.servers", "metadata.broker.list")}
+    probe["log_level"] = 0  # no "no bootstrap.servers configured" notice
+    try:
+        Producer(probe)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        detail = err.str() if err is not None else str(exc)
+        raise UsageError(f"invalid producer configuration: {detail}") from exc
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"invalid producer configuration: {exc}") from exc
 
 
 class TwoPhaseCommitProducer:
@@ -96,6 +170,13 @@ class TwoPhaseCommitProducer:
             raise UsageError("config must set 'transactional.id' to a non-empty string")
         self._transactional_id = tid
         self._two_pc_requested = _as_bool(conf.pop(TWO_PC_CONFIG, False), TWO_PC_CONFIG)
+        anchor_topic = conf.pop(ANCHOR_TOPIC_CONFIG, DEFAULT_ANCHOR_TOPIC)
+        if not isinstance(anchor_topic, str) or not _TOPIC_NAME_RE.fullmatch(anchor_topic) or anchor_topic in (
+            ".", ".."
+        ):
+            raise UsageError(f"{ANCHOR_TOPIC_CONFIG} must be a valid topic name, not {anchor_topic!r}")
+        self._anchor_topic = anchor_topic
+        self._anchor_topic_checked = False
         if self._two_pc_requested and "transaction.timeout.ms" in conf:
             raise UsageError(
                 f"{TWO_PC_CONFIG}=true and transaction.timeout.ms cannot be set together (KIP-939)"
@@ -114,6 +195,7 @@ class TwoPhaseCommitProducer:
                     "(2**31 microseconds), where librdkafka's request timeouts wrap around and every "
                     "request times out at once; leave it unset to get the broker's maximum within that limit"
                 )
+        _check_librdkafka_config(conf)
         self._config = conf
         self._ctrl = control_plane or ControlPlane(conf)
         self._owns_ctrl = control_plane is None
@@ -123,6 +205,9 @@ class TwoPhaseCommitProducer:
         self._epoch = -1
         self._ids_stale = True
         self._anchor: tuple[str, int, int] | None = None
+        self._offsets_sent = False
+        self._marker_queued = False
+        self._plain_init = False
         self._delivery_error: KafkaError | None = None
         self._prepared: PreparedTxnState | None = None
         self._last_settlement: Settlement | None = None
@@ -166,19 +251,29 @@ class TwoPhaseCommitProducer:
         ``commit_transaction``, ``abort_transaction`` or
         ``complete_transaction(state)``, which settle it through the
         coordinator and then fence the previous instance.
+
+        Ends within ``timeout`` (default :data:`DEFAULT_TIMEOUT_S`) plus
+        :data:`TIMEOUT_SLACK_S`; an unreachable cluster raises
+        :class:`BrokerUnavailableError`.
         """
         self._machine.check("init_transactions")
-        self._check_broker()
+        deadline = _deadline_after(timeout)
+        with self._bounded(deadline, "init_transactions"):
+            self._check_broker()
         if keep_prepared_txn:
             self._machine.transition_to(TxnState.RECOVERING)
             return
-        self._start_producer(timeout)
+        self._start_producer(deadline)
+        self._plain_init = True
         self._machine.transition_to(TxnState.READY)
 
     def begin_transaction(self) -> None:
         """Start a transaction (no broker round trip)."""
         self._machine.check("begin_transaction")
+        self._plain_init = False
         self._anchor = None
+        self._offsets_sent = False
+        self._marker_queued = False
         self._delivery_error = None
         self._prepared = None
         self._call(lambda p: p.begin_transaction(), "begin_transaction")
@@ -226,8 +321,16 @@ class TwoPhaseCommitProducer:
     def send_offsets_to_transaction(
         self, offsets: list[Any], group_metadata: Any, timeout: float | None = None
     ) -> None:
-        """Add consumer offsets to the transaction (exactly-once consume-transform-produce)."""
+        """Add consumer offsets to the transaction (exactly-once consume-transform-produce).
+
+        A transaction that writes no record besides these offsets is anchored
+        on a tiny marker record that ``prepare_transaction`` writes to the
+        anchor topic (``kafka2pc.anchor.topic``, default ``kafka2pc-anchors``,
+        created on first use), so that its :class:`PreparedTxnState` names it
+        exactly.  A transaction with records pays nothing extra.
+        """
         self._machine.check("send_offsets_to_transaction")
+        self._offsets_sent = True  # set first: a call that times out may still have reached the broker
         args = (offsets, group_metadata) if timeout is None else (offsets, group_metadata, timeout)
         self._call(lambda p: p.send_offsets_to_transaction(*args), "send_offsets_to_transaction")
 
@@ -238,11 +341,44 @@ class TwoPhaseCommitProducer:
         ``complete_transaction`` are allowed.  A record that failed delivery
         raises :class:`AbortableError` (abort and retry the transaction), or
         :class:`ProducerFencedError` when a newer instance (e.g. a recovery) has
-        fenced this one; a flush that did not finish in ``timeout`` seconds raises
-        :class:`RetriableError` and leaves the transaction open (call again).
+        fenced this one; a flush that did not finish in ``timeout`` seconds
+        (default :data:`DEFAULT_TIMEOUT_S`, e.g. while the broker is down)
+        raises :class:`RetriableError` and leaves the transaction open (call
+        again, or abort).
+
+        The state names exactly this transaction whatever it holds: a
+        transaction with records is anchored on its first delivered record (no
+        extra round trip); one with only consumer offsets gets a marker record
+        in the anchor topic first (one more produce, and once per producer a
+        topic lookup, creating the topic if it is missing); one that sent
+        nothing says so.
         """
         self._machine.check("prepare_transaction")
-        remaining = self._call(lambda p: p.flush(-1 if timeout is None else timeout), "prepare_transaction")
+        deadline = _deadline_after(timeout)
+        self._flush_for_prepare(max(deadline - time.monotonic(), 0.0))
+        if self._anchor is None and self._offsets_sent and not self._marker_queued:
+            self._queue_marker(deadline)
+            self._flush_for_prepare(max(deadline - time.monotonic(), 0.0))
+        if self._ids_stale:
+            with self._bounded(deadline, "prepare_transaction"):
+                self._refresh_ids()
+        anchor = self._anchor
+        if anchor is None and self._offsets_sent:  # pragma: no cover - a delivered marker sets the anchor
+            raise FatalError(f"prepare_transaction({self._transactional_id!r}): the marker record has no offset")
+        state = PreparedTxnState._build(
+            self._producer_id, self._epoch, self._transactional_id,
+            None if anchor is None else TopicPartition(anchor[0], anchor[1]),
+            -1 if anchor is None else anchor[2],
+            sent_nothing=anchor is None,
+        )
+        self._prepared = state
+        self._machine.transition_to(TxnState.PREPARED)
+        logger.debug("%s: prepared %s", self._transactional_id, state)
+        return state
+
+    def _flush_for_prepare(self, timeout: float) -> None:
+        """Flush; raise the first delivery error (abortable or fatal), or RetriableError on timeout."""
+        remaining = self._call(lambda p: p.flush(timeout), "prepare_transaction")
         if self._delivery_error is not None:
             failed = translate_confluent_error(
                 self._delivery_error, f"prepare_transaction({self._transactional_id!r}): a record failed delivery"
@@ -260,26 +396,80 @@ class TwoPhaseCommitProducer:
             raise err
         if remaining:
             raise RetriableError(f"prepare_transaction: {remaining} records still in flight after {timeout}s")
-        if self._ids_stale:
-            self._refresh_ids()
-        anchor = self._anchor
-        state = PreparedTxnState._build(
-            self._producer_id, self._epoch, self._transactional_id,
-            None if anchor is None else TopicPartition(anchor[0], anchor[1]),
-            -1 if anchor is None else anchor[2],
+
+    def _queue_marker(self, deadline: float) -> None:
+        """Produce the marker record that anchors an offsets-only transaction."""
+        if not self._anchor_topic_checked:
+            self._ensure_anchor_topic(deadline)
+        producer = self._require_producer()
+        try:
+            producer.produce(
+                self._anchor_topic, key=self._transactional_id.encode(), value=b"",
+                on_delivery=self._plain_delivery_callback,
+            )
+        except BufferError as exc:
+            raise QueueFullError(str(exc)) from exc
+        except KafkaException as exc:
+            raise self._failed("prepare_transaction", exc) from exc
+        self._marker_queued = True
+
+    def _ensure_anchor_topic(self, deadline: float) -> None:
+        """Create the anchor topic if it is missing (once per producer); errors say what to do."""
+        topic = self._anchor_topic
+        with self._bounded(deadline, "prepare_transaction"):
+            names = self._ctrl.topic_names()
+        if topic in names:
+            self._anchor_topic_checked = True
+            return
+        from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+        from kafka2pc import _control
+
+        # The librdkafka connection settings (security included): named
+        # librdkafka_connection_config once the control plane is split by concern.
+        connection_config = getattr(_control, "librdkafka_connection_config", None) or getattr(
+            _control, "_connection_only"
         )
-        self._prepared = state
-        self._machine.transition_to(TxnState.PREPARED)
-        logger.debug("%s: prepared %s", self._transactional_id, state)
-        return state
+        wait = max(deadline - time.monotonic(), 0.1)
+        admin = AdminClient(connection_config(self._config))
+        new_topic = NewTopic(
+            topic, ANCHOR_TOPIC_PARTITIONS, -1, config={"cleanup.policy": "delete"}
+        )
+        future = admin.create_topics([new_topic], operation_timeout=wait, request_timeout=wait)[topic]
+        try:
+            future.result(timeout=wait)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                cause = translate_confluent_error(exc, "creating the anchor topic")
+                error = AbortableError(
+                    f"prepare_transaction({self._transactional_id!r}): this transaction holds consumer offsets "
+                    f"but no record, so kafka2pc anchors it on a marker record in topic {topic!r} "
+                    f"({ANCHOR_TOPIC_CONFIG}), which does not exist and could not be created: {cause}. "
+                    f"Create it (cleanup.policy=delete) or grant CREATE on it, and WRITE to this producer; "
+                    "then abort this transaction and retry",
+                    error_name=getattr(cause, "error_name", None), error_code=getattr(cause, "error_code", None),
+                )
+                self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=error)
+                raise error from exc
+        except Exception as exc:  # concurrent.futures.TimeoutError: no answer in time
+            error = AbortableError(
+                f"prepare_transaction({self._transactional_id!r}): creating the anchor topic {topic!r} "
+                f"({ANCHOR_TOPIC_CONFIG}) got no answer within {wait:.1f}s: {exc!r}; abort and retry"
+            )
+            self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=error)
+            raise error from exc
+        logger.info("%s: created the anchor topic %r for offsets-only transactions", self._transactional_id, topic)
+        self._anchor_topic_checked = True
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Commit the current (prepared or not) transaction.
 
         After ``init_transactions(keep_prepared_txn=True)`` this commits
         whatever transaction the previous instance left open.  A timeout
-        raises :class:`IndefiniteOutcomeError`: retry the call, or settle with
-        ``complete_transaction(state)``; no new transaction starts before that.
+        (default :data:`DEFAULT_TIMEOUT_S`) raises :class:`IndefiniteOutcomeError`:
+        retry the call, or settle with ``complete_transaction(state)``; no new
+        transaction starts before that.
         """
         source = self._machine.check("commit_transaction")
         if source is TxnState.RECOVERING or (source is TxnState.IN_DOUBT and self._producer is None):
@@ -309,6 +499,14 @@ class TwoPhaseCommitProducer:
         """
         if not isinstance(state, PreparedTxnState):
             raise UsageError(f"complete_transaction() takes a PreparedTxnState, not {type(state).__name__}")
+        if self._plain_init and self._machine.state is TxnState.READY:
+            raise IllegalStateError(
+                f"complete_transaction({state}) after a plain init_transactions(): that call aborted any "
+                f"transaction a previous instance of {self._transactional_id!r} had left open, prepared or not "
+                "(KIP-939), so the transaction this state names was aborted if it was still open. To settle a "
+                "stored state after a restart, call init_transactions(keep_prepared_txn=True) on a new producer, "
+                "then complete_transaction(state)"
+            )
         source = self._machine.check("complete_transaction")
         state.check_transactional_id(self._transactional_id)
         if source is TxnState.PREPARED:
@@ -319,6 +517,9 @@ class TwoPhaseCommitProducer:
                             state, self._prepared)
                 self._end_local(commit=False, timeout=timeout)
             return
+        # The settlement itself is bounded by the control plane's own timeouts, not by
+        # ``timeout``: callers (the dual-write recipe) rely on it waiting out a broker
+        # restart; ``timeout`` bounds the re-initialisation that follows.
         try:
             self._last_settlement = settle(self._ctrl, self._transactional_id, state)
         except IndefiniteOutcomeError:
@@ -326,12 +527,12 @@ class TwoPhaseCommitProducer:
                 self._machine.transition_to(TxnState.IN_DOUBT, operation="complete_transaction")
             raise
         except HeuristicOutcomeError:
-            self._reinitialize(timeout)  # a heuristic outcome is settled: fence and move on
+            self._reinitialize(_deadline_after(timeout))  # a heuristic outcome is settled: fence and move on
             raise
         # Any other error (broker unavailable, authorization...) leaves the transaction
         # as it was: re-initialising now would abort a prepared transaction whose
         # commit was decided.  The caller retries complete_transaction.
-        self._reinitialize(timeout)
+        self._reinitialize(_deadline_after(timeout))
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush nothing, release the producer and the control plane connections."""
@@ -399,14 +600,36 @@ class TwoPhaseCommitProducer:
                 )
         return conf
 
-    def _start_producer(self, timeout: float | None) -> None:
-        producer = Producer(self._producer_config())
+    @contextmanager
+    def _bounded(self, deadline: float, op: str) -> Iterator[None]:
+        """Hold the control-plane calls made in the block to ``deadline``."""
+        remaining = _left(deadline, op)
+        block = getattr(self._ctrl, "deadline", None)
+        if block is not None:  # a ControlPlane with deadline blocks
+            with block(remaining):
+                yield
+            return
+        # A ControlPlane without them: shorten its per-request timeout (and so its
+        # bootstrap wait) for the block.
+        saved = self._ctrl._request_timeout_ms
+        self._ctrl._request_timeout_ms = max(1, min(saved, int(remaining * 1000)))
         try:
-            producer.init_transactions(*(() if timeout is None else (timeout,)))
+            yield
+        finally:
+            self._ctrl._request_timeout_ms = saved
+
+    def _start_producer(self, deadline: float) -> None:
+        op = f"init_transactions({self._transactional_id!r})"
+        with self._bounded(deadline, op):
+            config = self._producer_config()
+        producer = Producer(config)
+        try:
+            producer.init_transactions(_left(deadline, op))
         except KafkaException as exc:
-            raise translate_confluent_error(exc, f"init_transactions({self._transactional_id!r})") from exc
+            raise translate_confluent_error(exc, op) from exc
         self._producer = producer
-        self._refresh_ids()
+        with self._bounded(deadline, op):
+            self._refresh_ids()
 
     def _refresh_ids(self) -> None:
         desc = self._ctrl.describe_transaction(self._transactional_id)
@@ -415,13 +638,13 @@ class TwoPhaseCommitProducer:
         self._producer_id, self._epoch = desc.producer_id, desc.producer_epoch
         self._ids_stale = False
 
-    def _reinitialize(self, timeout: float | None) -> None:
+    def _reinitialize(self, deadline: float) -> None:
         """Replace the librdkafka producer: a new InitProducerId bumps the epoch and fences older ones."""
         old, self._producer = self._producer, None
         if old is not None:
             old.purge()
             del old
-        self._start_producer(timeout)
+        self._start_producer(deadline)
         self._prepared = None
         self._machine.transition_to(TxnState.READY)
 
@@ -431,12 +654,12 @@ class TwoPhaseCommitProducer:
             self._ctrl.end_txn(self._transactional_id, desc.producer_id, desc.producer_epoch, commit=commit)
             logger.info("%s: %s the transaction left open by producer %d/%d", self._transactional_id,
                         "committed" if commit else "aborted", desc.producer_id, desc.producer_epoch)
-        self._reinitialize(timeout)
+        self._reinitialize(_deadline_after(timeout))
 
     def _end_local(self, *, commit: bool, timeout: float | None) -> None:
         op = "commit_transaction" if commit else "abort_transaction"
         producer = self._require_producer()
-        args = () if timeout is None else (timeout,)
+        args = (DEFAULT_TIMEOUT_S if timeout is None else timeout,)
         try:
             producer.commit_transaction(*args) if commit else producer.abort_transaction(*args)
         except KafkaException as exc:

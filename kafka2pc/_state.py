@@ -16,11 +16,31 @@ and a ``read_committed`` fetch at that offset tells whether it committed.
 Unlike KIP-939's rejected "partition offsets" alternative, a single anchor is
 bounded in size whatever the number of partitions written.
 
+Every shape of transaction gets an exact name:
+
+* records on one or many partitions: the first delivered record is the anchor
+  (no extra broker round trip);
+* consumer offsets only (``send_offsets_to_transaction`` and no record): the
+  producer writes one tiny *marker record* inside the transaction to the
+  anchor topic (``kafka2pc.anchor.topic``, created on demand) and anchors on
+  it.  The alternative, anchoring on the offset-commit record the group
+  coordinator writes to ``__consumer_offsets`` (DescribeProducers reports its
+  ``CurrentTxnStartOffset`` there too), was rejected: that topic is compacted,
+  so the record is removed once the group commits again and a later outcome
+  probe would read "aborted" (a false heuristic outcome); it also needs READ on
+  an internal topic;
+* nothing at all: the transaction sent nothing to Kafka, which the state says
+  explicitly (``:-``).  Completing it commits nothing and aborts whatever
+  transaction is open under the id, since that can only be another one.
+
 Serialized forms (all at most 255 characters):
 
 ==========================================  =====================================
-``k2pc1:<pid>:<epoch>:<tid>:<p>:<off>:<t>``  version 1 with anchor (topic last)
-``k2pc1:<pid>:<epoch>:<tid>``                version 1, transaction wrote no record
+``k2pc1:<pid>:<epoch>:<tid>:<p>:<off>:<t>``  anchored (topic last)
+``k2pc1:<pid>:<epoch>:<tid>:-``              the transaction sent nothing to Kafka
+``k2pc1:<pid>:<epoch>:<tid>``                written by kafka2pc before the marker
+                                             record: no record (offsets only, or
+                                             nothing); ambiguous, still parsed
 ``<pid>:<epoch>``                            the Java client's form (no anchor)
 ``-1:-1``                                    the empty state
 ==========================================  =====================================
@@ -52,8 +72,10 @@ _INT16_MAX: Final = 2**15 - 1
 _NUMBER = r"(0|[1-9][0-9]{0,18})"
 _JAVA_RE: Final = re.compile(rf"(?:-1:-1|{_NUMBER}:{_NUMBER})")
 _V1_RE: Final = re.compile(
-    rf"{_PREFIX}:{_NUMBER}:{_NUMBER}:([0-9a-f]{{8}})(?::{_NUMBER}:{_NUMBER}:([A-Za-z0-9._-]{{1,249}}|#[0-9a-f]{{24}}))?"
+    rf"{_PREFIX}:{_NUMBER}:{_NUMBER}:([0-9a-f]{{8}})"
+    rf"(?::{_NUMBER}:{_NUMBER}:([A-Za-z0-9._-]{{1,249}}|#[0-9a-f]{{24}})|(:-))?"
 )
+_SENT_NOTHING: Final = ":-"
 
 
 def transactional_id_digest(transactional_id: str) -> str:
@@ -81,13 +103,14 @@ class PreparedTxnState:
         producer.complete_transaction(PreparedTxnState(row.state))
     """
 
-    __slots__ = ("_producer_id", "_epoch", "_tid_digest", "_anchor_tp", "_anchor_offset")
+    __slots__ = ("_producer_id", "_epoch", "_tid_digest", "_anchor_tp", "_anchor_offset", "_sent_nothing")
 
     _producer_id: int
     _epoch: int
     _tid_digest: str | None
     _anchor_tp: TopicPartition | None
     _anchor_offset: int
+    _sent_nothing: bool
 
     def __init__(self, serialized_state: str | None = None) -> None:
         if serialized_state is None:
@@ -104,9 +127,11 @@ class PreparedTxnState:
             )
         match = _V1_RE.fullmatch(text)
         if match is not None:
-            pid, epoch, tid, part, off, topic = match.groups()
+            pid, epoch, tid, part, off, topic, nothing = match.groups()
             anchor = None if part is None else TopicPartition(topic, int(part))
-            self._set(int(pid), int(epoch), tid, anchor, -1 if off is None else int(off))
+            self._set(
+                int(pid), int(epoch), tid, anchor, -1 if off is None else int(off), sent_nothing=nothing is not None
+            )
             return
         if _JAVA_RE.fullmatch(text):
             pid_text, epoch_text = text.split(":")
@@ -115,7 +140,7 @@ class PreparedTxnState:
         shown = text if len(text) <= 60 else text[:57] + "..."
         raise InvalidPreparedStateError(
             f"malformed prepared state {shown!r}: expected 'k2pc1:<producerId>:<epoch>:<tid>[:<partition>:"
-            f"<offset>:<topic>]', the Java form '<producerId>:<epoch>', or '-1:-1'"
+            f"<offset>:<topic>|:-]', the Java form '<producerId>:<epoch>', or '-1:-1'"
         )
 
     @classmethod
@@ -126,10 +151,20 @@ class PreparedTxnState:
         transactional_id: str,
         anchor: TopicPartition | None = None,
         anchor_offset: int = -1,
+        *,
+        sent_nothing: bool = False,
     ) -> PreparedTxnState:
-        """Create a version-1 state (used by the producer after prepare)."""
+        """Create a version-1 state (used by the producer after prepare).
+
+        ``sent_nothing=True`` (no anchor) marks a transaction that sent nothing
+        to Kafka; without it and without an anchor the result is the legacy,
+        ambiguous form (kept for tests of old strings).
+        """
         state = cls.__new__(cls)
-        state._set(producer_id, epoch, transactional_id_digest(transactional_id), anchor, anchor_offset)
+        state._set(
+            producer_id, epoch, transactional_id_digest(transactional_id), anchor, anchor_offset,
+            sent_nothing=sent_nothing,
+        )
         if anchor is not None and len(str(state)) > MAX_STATE_LENGTH:
             state._set(
                 producer_id, epoch, state._tid_digest,
@@ -144,8 +179,12 @@ class PreparedTxnState:
         tid_digest: str | None,
         anchor: TopicPartition | None,
         anchor_offset: int,
+        *,
+        sent_nothing: bool = False,
     ) -> None:
         empty = producer_id == -1 and epoch == -1
+        if sent_nothing and (anchor is not None or tid_digest is None):
+            raise InvalidPreparedStateError("only an unanchored version-1 state can say it sent nothing")
         if not empty:
             if not 0 <= producer_id <= _INT64_MAX:
                 raise InvalidPreparedStateError(f"producer id {producer_id} out of range")
@@ -163,6 +202,7 @@ class PreparedTxnState:
         object.__setattr__(self, "_tid_digest", tid_digest)
         object.__setattr__(self, "_anchor_tp", anchor)
         object.__setattr__(self, "_anchor_offset", anchor_offset)
+        object.__setattr__(self, "_sent_nothing", sent_nothing)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("PreparedTxnState is immutable")
@@ -198,6 +238,26 @@ class PreparedTxnState:
             return None
         return self._anchor_tp, self._anchor_offset
 
+    @property
+    def sent_nothing(self) -> bool:
+        """True when the transaction sent nothing to Kafka (no record, no consumer offsets).
+
+        Completing such a state commits nothing: any transaction open under the
+        id is another one and is aborted.
+        """
+        return self._sent_nothing
+
+    @property
+    def names_one_transaction(self) -> bool:
+        """True when the state names exactly one transaction: anchored, or one that sent nothing.
+
+        False for the empty state, the Java ``producerId:epoch`` form and
+        unanchored states written by older kafka2pc versions: recovery can only
+        match those on ``producerId:epoch``, which consecutive librdkafka
+        transactions share.
+        """
+        return self._anchor_tp is not None or self._sent_nothing
+
     def check_transactional_id(self, transactional_id: str) -> None:
         """Raise :class:`TransactionalIdMismatchError` if this state came from another id."""
         if self._tid_digest is not None and self._tid_digest != transactional_id_digest(transactional_id):
@@ -208,7 +268,9 @@ class PreparedTxnState:
 
     # -- value semantics -----------------------------------------------------
     def _key(self) -> tuple[object, ...]:
-        return (self._producer_id, self._epoch, self._tid_digest, self._anchor_tp, self._anchor_offset)
+        return (
+            self._producer_id, self._epoch, self._tid_digest, self._anchor_tp, self._anchor_offset, self._sent_nothing
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PreparedTxnState):
@@ -224,6 +286,8 @@ class PreparedTxnState:
         text = f"{_PREFIX}:{self._producer_id}:{self._epoch}:{self._tid_digest}"
         if self._anchor_tp is not None:
             text += f":{self._anchor_tp.partition}:{self._anchor_offset}:{self._anchor_tp.topic}"
+        elif self._sent_nothing:
+            text += _SENT_NOTHING
         return text
 
     def __repr__(self) -> str:

@@ -91,11 +91,18 @@ class Scenario:
     def config(self) -> dict[str, str]:
         return {"bootstrap.servers": self.bootstrap, "transactional.id": self.transactional_id}
 
+    @property
+    def group(self) -> str:
+        """The consumer group whose offsets the child commits with ``N@P`` steps."""
+        return f"{self.transactional_id}-group"
+
     def spawn(self, *steps: str, timeout_ms: int | None = None) -> Child:
         """Start ``_child.py`` running ``steps`` (see its docstring)."""
         args = [self.bootstrap, self.topic, self.transactional_id, str(self.db_path)]
         if timeout_ms is not None:
             args += ["--timeout-ms", str(timeout_ms)]
+        if any("@" in step for step in steps):
+            args += ["--group", self.group]
         log_path = self.db_path.with_name(f"child-{len(self.children)}.log")
         env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
         with open(log_path, "w") as log:
@@ -114,6 +121,24 @@ class Scenario:
                 "SELECT state FROM kafka_txn_state WHERE transactional_id = ?", (self.transactional_id,)
             ).fetchone()
         return PreparedTxnState(row[0]) if row else PreparedTxnState()
+
+    def db_position(self) -> int | None:
+        """The consumed position of the last committed database transaction that stored one."""
+        with sqlite3.connect(self.db_path) as db:
+            row = db.execute("SELECT position FROM positions ORDER BY txn DESC LIMIT 1").fetchone()
+        return None if row is None else int(row[0])
+
+    def committed_position(self) -> int | None:
+        """The group's committed offset for partition 0 of the topic (``None``: nothing committed)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group,
+                             "enable.auto.commit": False, "isolation.level": "read_committed"})
+        try:
+            (tp,) = consumer.committed([TopicPartition(self.topic, 0)], timeout=30)
+        finally:
+            consumer.close()
+        return None if tp.offset < 0 else int(tp.offset)
 
     def db_values(self) -> list[str]:
         with sqlite3.connect(self.db_path) as db:

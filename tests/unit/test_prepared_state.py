@@ -228,3 +228,61 @@ def test_any_string_parses_to_a_round_tripping_state_or_is_refused(text: str) ->
     assert PreparedTxnState(formatted) == state
     assert str(PreparedTxnState(formatted)) == formatted
     assert formatted == text.strip()  # one text per state: nothing is normalised silently
+
+
+# -- every transaction shape gets an exact name ----------------------------------
+
+
+def test_state_of_a_transaction_that_sent_nothing_round_trips() -> None:
+    state = PreparedTxnState._build(42, 3, "orders-1", sent_nothing=True)
+    assert str(state) == f"k2pc1:42:3:{transactional_id_digest('orders-1')}:-"
+    parsed = PreparedTxnState(str(state))
+    assert parsed == state and hash(parsed) == hash(state)
+    assert parsed.sent_nothing and parsed.anchor is None and parsed.format_version == 1
+    assert parsed.names_one_transaction and not parsed.is_empty
+
+
+def test_sent_nothing_differs_from_the_legacy_unanchored_form() -> None:
+    """Old ``k2pc1:<pid>:<epoch>:<tid>`` strings still parse, keep their meaning and stay ambiguous."""
+    legacy = PreparedTxnState(f"k2pc1:42:3:{transactional_id_digest('tx')}")
+    nothing = PreparedTxnState._build(42, 3, "tx", sent_nothing=True)
+    assert legacy != nothing
+    assert not legacy.sent_nothing and not legacy.names_one_transaction
+    assert str(legacy) == f"k2pc1:42:3:{transactional_id_digest('tx')}"
+
+
+def test_which_states_name_one_transaction() -> None:
+    assert build(1, 0, "tx", "kafka2pc-anchors", 3, 7).names_one_transaction
+    assert not PreparedTxnState().names_one_transaction
+    assert not PreparedTxnState("1:0").names_one_transaction
+    assert not PreparedTxnState().sent_nothing and not PreparedTxnState("1:0").sent_nothing
+
+
+def test_sent_nothing_cannot_carry_an_anchor() -> None:
+    with pytest.raises(InvalidPreparedStateError, match="sent nothing"):
+        PreparedTxnState._build(1, 0, "tx", TopicPartition("t", 0), 5, sent_nothing=True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "k2pc1:1:0:abcdef12:-:",
+        "k2pc1:1:0:abcdef12:--",
+        "k2pc1:1:0:abcdef12:0:0:t:-",
+        "k2pc1:1:0:abcdef12-",
+        "k2pc1:1:0:-",
+        "1:0:-",
+        "-1:-1:-",
+    ],
+)
+def test_malformed_sent_nothing_strings_are_refused(text: str) -> None:
+    with pytest.raises(InvalidPreparedStateError):
+        PreparedTxnState(text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(0, INT64_MAX), st.integers(0, 32767), st.text(min_size=1, max_size=300))
+def test_every_sent_nothing_state_round_trips(pid: int, epoch: int, tid: str) -> None:
+    state = PreparedTxnState._build(pid, epoch, tid, sent_nothing=True)
+    assert PreparedTxnState(str(state)) == state and PreparedTxnState(str(state)).sent_nothing
+    assert state != PreparedTxnState._build(pid, epoch, tid)

@@ -1,0 +1,32 @@
+"""Configuration errors surface as ``UsageError`` from the constructor, naming the key (no broker needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kafka2pc import Kafka2pcError, TwoPhaseCommitProducer, UsageError
+
+BASE = {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "k2pc-config"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"acks": 1}, "acks"),
+        ({"acks": "0"}, "acks"),
+        ({"enable.idempotence": False}, "enable.idempotence"),
+        ({"no.such.key": "1"}, "no.such.key"),
+        ({"linger.ms": "soon"}, "queue.buffering.max.ms"),  # librdkafka names linger.ms by its alias
+        ({"kafka2pc.anchor.topic": "bad/topic"}, "kafka2pc.anchor.topic"),
+        ({"transaction.timeout.ms": "an hour"}, "transaction.timeout.ms"),
+    ],
+)
+def test_bad_configuration_is_a_usage_error_from_the_constructor(extra: dict[str, object], named: str) -> None:
+    with pytest.raises(UsageError, match=named.replace(".", r"\.")) as raised:
+        TwoPhaseCommitProducer({**BASE, **extra})
+    assert isinstance(raised.value, Kafka2pcError)
+
+
+def test_valid_configuration_constructs_without_connecting() -> None:
+    producer = TwoPhaseCommitProducer({**BASE, "acks": "all", "linger.ms": 5, "kafka2pc.anchor.topic": "my-anchors"})
+    producer.close()
