@@ -62,6 +62,7 @@ from kafka2pc._exceptions import (
     UnsupportedBrokerError,
     UsageError,
 )
+from kafka2pc._logging import quiet_kafka_python, with_librdkafka_logger
 from kafka2pc._types import (
     InitProducerIdResult,
     ProducerState,
@@ -259,6 +260,7 @@ class ControlPlane:
         self._coordinators: dict[str, int] = {}
         self._keep_prepared_supported: bool | None = None
         self._requests: Counter[str] = Counter()
+        quiet_kafka_python()  # kafka-python's INFO chatter -> DEBUG (kafka2pc._logging)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -962,6 +964,7 @@ class ControlPlane:
                 "fetch.max.bytes": 1_048_576,
             }
         )
+        with_librdkafka_logger(config)  # librdkafka's logs -> logging (kafka2pc._logging)
         try:
             consumer = Consumer(config)
         except KafkaException as exc:
