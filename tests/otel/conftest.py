@@ -1,0 +1,54 @@
+"""Fixtures of the OpenTelemetry tests: SDK providers with in-memory readers, and a small SparkSession."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+from _otelkit import Collected
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from kafka2pc.otel import Telemetry
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@pytest.fixture
+def otel() -> Iterator[Collected]:
+    """A :class:`Telemetry` on private SDK providers (cumulative metrics, every span kept)."""
+    reader = InMemoryMetricReader()
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[reader])
+    yield Collected(Telemetry(meter_provider=meter_provider, tracer_provider=tracer_provider), reader, exporter)
+    meter_provider.shutdown()
+    tracer_provider.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """A small local SparkSession (the sink needs no Spark connector)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.pop("KAFKA2PC_SPARK_FAULTS", None)
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("kafka2pc-otel-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.pyspark.python", sys.executable)
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
