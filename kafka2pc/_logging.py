@@ -47,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "LIBRDKAFKA_LOGGER_NAME",
@@ -201,7 +202,7 @@ def librdkafka_logger() -> logging.Logger:
     return logger
 
 
-def with_librdkafka_logger(config: dict[str, object]) -> dict[str, object]:
+def with_librdkafka_logger(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with ``logger`` set to :func:`librdkafka_logger` unless it has one (in place; returned)."""
     if "logger" not in config:
         config["logger"] = librdkafka_logger()
