@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import uuid
 from collections.abc import Callable
@@ -79,3 +80,31 @@ def test_help_lists_the_kafka_transactions_sh_commands(run_kafka2pc: Callable[..
     text = run_kafka2pc("--help").stdout
     for command in ("describe-producers", "find-hanging", "abort", "in-doubt"):
         assert command in text
+
+
+def test_in_doubt_shows_what_is_prepared_for_how_long_and_the_decision(
+    sqlite_url: str,
+    kafka_cli: Callable[..., Any],
+    killed_producer: Callable[..., Any],
+    topic_factory: Callable[..., str],
+) -> None:
+    from test_cli_recover import store
+
+    topic = topic_factory()
+    tid = f"cli-indoubt-{uuid.uuid4().hex[:8]}"
+    txns = killed_producer(topic, 1, ("prepared", tid, 2))
+    state = txns[tid].states[0]
+    store(sqlite_url, {tid: state})
+    run = kafka_cli("in-doubt", "--db-url", sqlite_url)
+    assert run.returncode == 0, run
+    header, row = run.stdout.splitlines()[:2]
+    columns = dict(zip(re.split(r"\s{2,}", header), re.split(r"\s{2,}", row)))
+    from kafka2pc import PreparedTxnState
+
+    prepared = PreparedTxnState(state)
+    assert columns["TRANSACTIONAL ID"] == tid
+    assert columns["PREPARED (STORED)"] == f"{prepared.producer_id}/{prepared.epoch} {topic}-0@0"  # what
+    assert re.fullmatch(r"\d+(ms|s)|\d+m\d\ds", columns["OPEN FOR"]), columns  # for how long
+    assert columns["DECISION"] == "commit" and columns["KAFKA STATE"] == "Ongoing"  # what recovery decides
+    done = kafka_cli("force-terminate", tid, "--yes")
+    assert done.returncode == 0, done
