@@ -58,3 +58,22 @@ def test_spark_batches_become_counters_histograms_and_spans(
     replay_children = [s for s in otel.spans() if s.parent is not None and s.parent.span_id == batches[1].context.span_id]
     assert [s.name for s in replay_children] == ["kafka2pc.kafka_commit"]
     assert sorted(int(r.value) for r in drain(kafka_bootstrap, out) if r.value) == list(range(300))
+
+
+def test_a_repaired_partition_counts_as_a_repaired_heuristic_outcome(
+    otel: Collected, spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A late duplicate attempt aborts the decided transaction of partition 0: the sink writes it again."""
+    from kafka2pc.recipes.spark_sink import FaultInjection
+
+    out = create_topic(kafka_bootstrap, partitions=2)
+    faults = FaultInjection(duplicate_attempt="after_prepare", fail_partitions=(0,))
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, faults=faults,
+                             checkpoint_location=str(tmp_path / "chk"))
+    foreach_batch = otel.telemetry.instrument_spark_sink(sink)
+    foreach_batch(spark.range(0, 100, numPartitions=2).selectExpr("CAST(id AS STRING) AS value"), 0)
+    sink.close()
+    batch = sink.last_batch_metrics
+    assert batch is not None and batch.repaired_partitions == (0,)
+    assert otel.value("kafka2pc.heuristic_outcomes", kafka2pc__component="spark_sink", kafka2pc__repaired=True) == 1
+    assert sorted(int(r.value) for r in drain(kafka_bootstrap, out) if r.value) == list(range(100))
