@@ -14,19 +14,16 @@ Instruments (meter ``kafka2pc``; every point carries ``kafka2pc.component`` =
 ``producer``, ``dual_write`` or ``spark_sink``, and
 ``kafka2pc.transactional_id`` or ``kafka2pc.sink_id``):
 
-=====================================  ===============  ====================================================
-name                                   kind             what
-=====================================  ===============  ====================================================
-``kafka2pc.transactions.committed``    Counter          transactions committed (recovery's commits too)
-``kafka2pc.transactions.aborted``      Counter          transactions aborted or rolled back
-``kafka2pc.transaction.prepare.duration``  Histogram (s)  prepare: flushing the transaction's records
-``kafka2pc.transaction.commit.duration``   Histogram (s)  the Kafka commit (Spark: completing the batch)
-``kafka2pc.transaction.db_commit.duration`` Histogram (s) the decision: database COMMIT (Spark: decision file)
-``kafka2pc.transaction.open.age``      Gauge (s)        age of the open transaction (none: no point)
-``kafka2pc.transaction.prepared.age``  Gauge (s)        age since prepare of a prepared or in-doubt one
-``kafka2pc.transactions.in_doubt``     Gauge            prepared transactions whose outcome is not settled
-``kafka2pc.heuristic_outcomes``        Counter          the database committed, Kafka aborted
-=====================================  ===============  ====================================================
+* ``kafka2pc.transactions.committed`` (Counter): transactions committed, a recovery's commits too;
+* ``kafka2pc.transactions.aborted`` (Counter): transactions aborted or rolled back;
+* ``kafka2pc.transaction.prepare.duration`` (Histogram, s): prepare, flushing the records;
+* ``kafka2pc.transaction.db_commit.duration`` (Histogram, s): the decision, the database COMMIT
+  (Spark: the decision file);
+* ``kafka2pc.transaction.commit.duration`` (Histogram, s): the Kafka commit (Spark: completing the batch);
+* ``kafka2pc.transaction.open.age`` (Gauge, s): age of the open transaction (no point when none is);
+* ``kafka2pc.transaction.prepared.age`` (Gauge, s): time since a prepared or in-doubt one was prepared;
+* ``kafka2pc.transactions.in_doubt`` (Gauge): prepared transactions whose outcome is not settled;
+* ``kafka2pc.heuristic_outcomes`` (Counter): the database committed, Kafka aborted.
 
 Alert on ``kafka2pc.transaction.prepared.age`` approaching the transaction
 timeout (librdkafka's transactions are aborted by the broker after
@@ -190,24 +187,24 @@ class Telemetry:
         self._producers: list[_ProducerTrack] = []
         self._writers: list[_WriterTrack] = []
         self._sinks: list[_SinkTrack] = []
-        self.committed = meter.create_counter(
+        self._committed = meter.create_counter(
             "kafka2pc.transactions.committed", unit="{transaction}", description="Transactions committed"
         )
-        self.aborted = meter.create_counter(
+        self._aborted = meter.create_counter(
             "kafka2pc.transactions.aborted", unit="{transaction}",
             description="Transactions aborted or rolled back",
         )
-        self.heuristic = meter.create_counter(
+        self._heuristic = meter.create_counter(
             "kafka2pc.heuristic_outcomes", unit="{transaction}",
             description="Transactions the database (or decision) committed and Kafka aborted",
         )
-        self.prepare_duration = meter.create_histogram(
+        self._prepare_duration = meter.create_histogram(
             "kafka2pc.transaction.prepare.duration", unit="s", description="Time to prepare (flush) a transaction"
         )
-        self.commit_duration = meter.create_histogram(
+        self._commit_duration = meter.create_histogram(
             "kafka2pc.transaction.commit.duration", unit="s", description="Time to commit a transaction in Kafka"
         )
-        self.db_commit_duration = meter.create_histogram(
+        self._db_commit_duration = meter.create_histogram(
             "kafka2pc.transaction.db_commit.duration", unit="s",
             description="Time to make the decision durable (database COMMIT, Spark decision file)",
         )
@@ -248,7 +245,7 @@ class Telemetry:
                 started = time.monotonic()
                 state = prepare(timeout)
                 track.prepared_since = time.monotonic()
-                self.prepare_duration.record(track.prepared_since - started, attrs)
+                self._prepare_duration.record(track.prepared_since - started, attrs)
                 span.set_attribute("kafka2pc.prepared_state", str(state))
                 return state
 
@@ -257,14 +254,14 @@ class Telemetry:
             with self._span("kafka2pc.complete" if recovering else "kafka2pc.kafka_commit", attrs):
                 started = time.monotonic()
                 self._heuristic_guard(lambda: commit(timeout), attrs)
-                self.commit_duration.record(time.monotonic() - started, attrs)
-                self.committed.add(1, attrs)
+                self._commit_duration.record(time.monotonic() - started, attrs)
+                self._committed.add(1, attrs)
                 settled()
 
         def abort_transaction(timeout: float | None = None) -> None:
             with self._span("kafka2pc.abort", attrs):
                 abort(timeout)
-                self.aborted.add(1, attrs)
+                self._aborted.add(1, attrs)
                 settled()
 
         def complete_transaction(state: PreparedTxnState, timeout: float | None = None) -> None:
@@ -279,13 +276,13 @@ class Telemetry:
                     decision = settlement.plan.decision.value if settlement is not None else "nothing"
                     commits = decision == "commit"
                     if decision == "abort":
-                        self.aborted.add(1, attrs)
+                        self._aborted.add(1, attrs)
                     span.set_attribute("kafka2pc.decision", decision)
                 elif not commits:
-                    self.aborted.add(1, attrs)
+                    self._aborted.add(1, attrs)
                 if commits:
-                    self.commit_duration.record(time.monotonic() - started, attrs)
-                    self.committed.add(1, attrs)
+                    self._commit_duration.record(time.monotonic() - started, attrs)
+                    self._committed.add(1, attrs)
                 settled()
 
         for name, wrapper in (
@@ -339,19 +336,19 @@ class Telemetry:
         elif name == "prepared":
             started = self._end(track, "kafka2pc.prepare", now)
             if started is not None:
-                self.prepare_duration.record(now - started, attrs)
+                self._prepare_duration.record(now - started, attrs)
             track.prepared_since = now
         elif name == "db_committing":
             self._start(track, "kafka2pc.db_commit", now)
         elif name == "db_committed":
             started = self._end(track, "kafka2pc.db_commit", now)
             if started is not None:
-                self.db_commit_duration.record(now - started, attrs)
+                self._db_commit_duration.record(now - started, attrs)
             self._start(track, "kafka2pc.kafka_commit", now)
         elif name == "kafka_committed":
             started = self._end(track, "kafka2pc.kafka_commit", now)
             if started is not None:
-                self.commit_duration.record(now - started, attrs)
+                self._commit_duration.record(now - started, attrs)
             track.prepared_since = None
             self._sync_writer(track, writer)
 
@@ -377,9 +374,9 @@ class Telemetry:
         snapshot = writer.metrics()
         with self._lock:
             for key, counter in (
-                ("transactions_committed", self.committed),
-                ("transactions_rolled_back", self.aborted),
-                ("heuristic_outcomes", self.heuristic),
+                ("transactions_committed", self._committed),
+                ("transactions_rolled_back", self._aborted),
+                ("heuristic_outcomes", self._heuristic),
             ):
                 value = getattr(snapshot, key)
                 delta = value - track.seen.get(key, 0)
@@ -422,19 +419,19 @@ class Telemetry:
             span.end(end_time=end_ns)
             end_ns = start_ns
         if not batch.replayed:
-            self.prepare_duration.record(batch.task_prepare_s, attrs)
-            self.db_commit_duration.record(batch.decision_s, attrs)
-        self.commit_duration.record(batch.completion_s, attrs)
+            self._prepare_duration.record(batch.task_prepare_s, attrs)
+            self._db_commit_duration.record(batch.decision_s, attrs)
+        self._commit_duration.record(batch.completion_s, attrs)
         # A replay reports the batch's transactions as committed again (they are): count them
         # only if this process has not (the driver that wrote them may have died before its count).
         if batch.batch_id not in track.counted:
             track.counted.append(batch.batch_id)
-            self.committed.add(batch.transactions_committed, attrs)
+            self._committed.add(batch.transactions_committed, attrs)
         aborted = batch.stray_transactions_aborted + batch.leftovers_aborted
         if aborted:
-            self.aborted.add(aborted, attrs)
+            self._aborted.add(aborted, attrs)
         if batch.repaired_partitions:
-            self.heuristic.add(len(batch.repaired_partitions), {**attrs, "kafka2pc.repaired": True})
+            self._heuristic.add(len(batch.repaired_partitions), {**attrs, "kafka2pc.repaired": True})
 
     # -- gauges ------------------------------------------------------------------------
     def _live(
@@ -494,7 +491,7 @@ class Telemetry:
         try:
             call()
         except HeuristicOutcomeError:
-            self.heuristic.add(1, attrs)
+            self._heuristic.add(1, attrs)
             raise
 
 
