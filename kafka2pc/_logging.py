@@ -142,6 +142,12 @@ class ConditionFilter(logging.Filter):
         if dropped and first is not None:
             record.msg = f"{record.getMessage()} (and {dropped} more like it in the last {now - first:.0f}s)"
             record.args = ()
+        if key[2] == UNREACHABLE:
+            record.msg = (
+                f"Kafka unreachable ({key[0]} reconnects by itself; not logged again for "
+                f"{self.window_s:.0f}s): {record.getMessage()}"
+            )
+            record.args = ()
         return True
 
 
@@ -257,7 +263,7 @@ def quiet_kafka_python() -> bool:
         return False
     with _install_lock:
         names = [
-            name for name in (*_kafka_python_module_names(), *logging.Logger.manager.loggerDict)
+            name for name in (*_kafka_python_module_names(), *list(logging.Logger.manager.loggerDict))
             if (name == "kafka" or name.startswith("kafka.")) and name not in _kafka_python_done
         ]
         for name in names:
