@@ -1,4 +1,4 @@
-"""Fixtures of the OpenTelemetry tests: SDK providers with in-memory readers, and a small SparkSession."""
+"""Fixtures of the OpenTelemetry tests: SDK providers with in-memory readers, and a SparkSession."""
 
 from __future__ import annotations
 
@@ -36,17 +36,29 @@ def otel() -> Iterator[Collected]:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    """A small local SparkSession (the sink needs no Spark connector)."""
+    """A local SparkSession, configured exactly as tests/spark's (one JVM serves both in a full run).
+
+    Spark reads ``spark.jars.packages`` once per process, when it starts the
+    JVM: whichever fixture runs first must load the Kafka connector that
+    tests/spark needs, although the sink tested here does not use it.
+    """
+    import pyspark
+
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.pop("KAFKA2PC_SPARK_FAULTS", None)
     from pyspark.sql import SparkSession
 
+    package = os.environ.get(
+        "KAFKA2PC_SPARK_KAFKA_PACKAGE", f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+    )
     session = (
-        SparkSession.builder.master("local[2]")
-        .appName("kafka2pc-otel-tests")
+        SparkSession.builder.master("local[2,4]")
+        .appName("kafka2pc-spark-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.pyspark.python", sys.executable)
+        .config("spark.jars.packages", package)
+        .config("spark.sql.streaming.minBatchesToRetain", "20")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
