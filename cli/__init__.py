@@ -30,14 +30,16 @@ import click
 
 from kafka2pc import __version__
 
-from ._errors import CliFailure, ExitCode, classify
+from ._errors import CliFailure, ExitCode, classify, error_json
 from ._render import (
     JSON_VERSION,
     TRANSACTION_HEADERS,
     dump_json,
     format_duration,
     open_for_ms,
+    open_transaction_json,
     parse_duration_ms,
+    producer_json,
     render_table,
     transaction_json,
     transaction_rows,
@@ -177,6 +179,7 @@ def _admin() -> Iterator[TransactionAdmin]:
         if not settings.command_config or str(exc).startswith("--command-config"):
             raise
         raise type(exc)(f"--command-config {settings.command_config}: {exc}") from exc
+    click.get_current_context().meta[_META + "client_config"] = config
     try:
         yield admin
     except BrokerUnavailableError as exc:
@@ -207,17 +210,39 @@ class _ExitWithMessage(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]  # click declares a per-class code; ours vary
 
 
+def _wants_json(args: list[str]) -> bool:
+    """True when the command line asks for ``--output json`` / ``-o json`` (any spelling click accepts)."""
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return False
+        if arg in ("-o", "--output") and i + 1 < len(args) and args[i + 1] == "json":
+            return True
+        if arg in ("-ojson", "--output=json"):
+            return True
+    return False
+
+
 class _Kafka2pcGroup(click.Group):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[_META + "json"] = _wants_json(list(args))
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise
-        except Exception as exc:
-            if ctx.meta.get(_META + "debug"):
+            try:
+                return super().invoke(ctx)
+            except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
                 raise
-            code, message = classify(exc)
-            raise _ExitWithMessage(message, int(code)) from exc
+            except Exception as exc:
+                if ctx.meta.get(_META + "debug"):
+                    raise
+                code, message = classify(exc)
+                raise _ExitWithMessage(message, int(code)) from exc
+        except click.exceptions.ClickException as exc:
+            if ctx.meta.get(_META + "json"):
+                # Scripts read stdout: the error is a JSON document there too (schema "error").
+                click.echo(dump_json(error_json(exc.exit_code, exc.format_message())))
+            raise
 
 
 @click.group(cls=_Kafka2pcGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -229,6 +254,8 @@ def cli() -> None:
     Exit codes: 0 ok, 1 failure, 2 usage, 3 heuristic outcome found, 4 unknown
     transactional id, 5 Kafka unreachable, 6 authorization failure, 7 database
     error, 8 unsupported by the broker, 9 outcome not known yet (see docs/cli.md).
+    With -o json an error is also a JSON document on stdout: {"version": 1,
+    "error": {"exit_code": N, "name": "...", "message": "..."}}.
     """
 
 
@@ -289,12 +316,31 @@ def _describe_text(info: TransactionInfo) -> str:
     return "\n".join(lines)
 
 
+def _transactional_id_option(func: _F) -> _F:
+    return click.option(
+        "--transactional-id", "transactional_id_option", metavar="ID",
+        help="The transactional id, as kafka-transactions.sh takes it (instead of the TRANSACTIONAL_ID argument).",
+    )(func)
+
+
+def _one_transactional_id(positional: str | None, option: str | None) -> str:
+    """The id given as the TRANSACTIONAL_ID argument or as ``--transactional-id`` (not two different ones)."""
+    if positional is not None and option is not None and positional != option:
+        raise click.UsageError(f"two transactional ids: {positional!r} and --transactional-id {option!r}")
+    chosen = option if option is not None else positional
+    if chosen is None:
+        raise click.UsageError("missing the transactional id (TRANSACTIONAL_ID or --transactional-id ID)")
+    return chosen
+
+
 @cli.command("describe")
-@click.argument("transactional_id")
+@click.argument("transactional_id", required=False)
+@_transactional_id_option
 @_output_option
 @_connection_options(group=False)
-def describe_command(transactional_id: str, output: str) -> None:
+def describe_command(transactional_id: str | None, transactional_id_option: str | None, output: str) -> None:
     """One transaction: state, producer id/epoch, age, and per partition the LSO it pins."""
+    transactional_id = _one_transactional_id(transactional_id, transactional_id_option)
     with _admin() as admin:
         info = admin.describe_transaction(transactional_id)
     if info is None:
@@ -309,18 +355,28 @@ def describe_command(transactional_id: str, output: str) -> None:
 
 
 @cli.command("complete", context_settings={"ignore_unknown_options": True})  # STATE may be "-1:-1"
-@click.argument("transactional_id")
-@click.argument("state")
+@click.argument("transactional_id", required=False)
+@click.argument("state", required=False)
+@_transactional_id_option
 @click.option("--dry-run", is_flag=True, help="Only say what would be done.")
 @_connection_options(group=False)
-def complete_command(transactional_id: str, state: str, dry_run: bool) -> None:
+def complete_command(
+    transactional_id: str | None, state: str | None, transactional_id_option: str | None, dry_run: bool
+) -> None:
     """Commit the open transaction iff STATE names it (the stored prepared state), else abort it.
 
     STATE is the text of a PreparedTxnState (k2pc1:..., or '-1:-1' for none).
     Afterwards the producer is fenced (its epoch bumped).  Exit code 3 if Kafka
     had already aborted the transaction STATE names (a heuristic outcome).
+    With --transactional-id ID, STATE is the only argument.
     """
     from kafka2pc._state import PreparedTxnState
+
+    if transactional_id_option is not None and state is None:
+        transactional_id, state = None, transactional_id
+    transactional_id = _one_transactional_id(transactional_id, transactional_id_option)
+    if state is None:
+        raise click.UsageError("missing STATE (the stored prepared state; '-1:-1' for none)")
 
     prepared = PreparedTxnState(state)
     prepared.check_transactional_id(transactional_id)
@@ -360,10 +416,11 @@ def complete_command(transactional_id: str, state: str, dry_run: bool) -> None:
 
 
 @cli.command("force-terminate")
-@click.argument("transactional_id")
+@click.argument("transactional_id", required=False)
+@_transactional_id_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @_connection_options(group=False)
-def force_terminate_command(transactional_id: str, yes: bool) -> None:
+def force_terminate_command(transactional_id: str | None, transactional_id_option: str | None, yes: bool) -> None:
     """Abort whatever transaction TRANSACTIONAL_ID has open and fence its producer (KIP-939).
 
     Its records never become visible; the producer that opened it (or a
@@ -371,6 +428,7 @@ def force_terminate_command(transactional_id: str, yes: bool) -> None:
     transaction's prepared state, this makes the outcome heuristic: prefer
     'kafka2pc complete' or 'kafka2pc recover'.
     """
+    transactional_id = _one_transactional_id(transactional_id, transactional_id_option)
     with _admin() as admin:
         info = admin.describe_transaction(transactional_id)
         if info is None:
@@ -410,6 +468,197 @@ def force_terminate_command(transactional_id: str, yes: bool) -> None:
             f"terminated {transactional_id!r}: no transaction was open (state {before.state}); producer id "
             f"{before.producer_id} fenced: epoch {before.producer_epoch} -> {new_epoch}"
         )
+
+
+# -- partitions: describe-producers / find-hanging / abort (as kafka-transactions.sh) ----------------
+
+
+def _duration_or_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """A duration (15m, 90s) or, as kafka-transactions.sh takes it, a number of milliseconds."""
+    if value is None:
+        return None
+    if value.strip().isdigit():
+        return int(value)
+    return _duration_ms(ctx, param, value)
+
+
+def _timestamp(ms: int) -> str:
+    if ms < 0:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+
+
+@cli.command("describe-producers")
+@click.option("--topic", required=True, metavar="TOPIC", help="The topic.")
+@click.option("--partition", required=True, type=click.IntRange(min=0), metavar="N", help="The partition.")
+@_output_option
+@_connection_options(group=False)
+def describe_producers_command(topic: str, partition: int, output: str) -> None:
+    """The active producers of one partition (its leader's view), with the transaction each has open there.
+
+    START OFFSET is the offset of the first record of the producer's open
+    transaction on the partition ('-' when none is open): the partition's last
+    stable offset cannot pass it until that transaction ends.
+    """
+    from kafka2pc._types import TopicPartition
+
+    with _admin() as admin:
+        producers = admin.control_plane.describe_producers(TopicPartition(topic, partition))
+    rows = [producer_json(p) for p in sorted(producers, key=lambda p: p.producer_id)]
+    if output == "json":
+        click.echo(dump_json({"version": JSON_VERSION, "topic": topic, "partition": partition, "producers": rows}))
+        return
+    if not rows:
+        click.echo(f"no active producers on {topic}-{partition}")
+        return
+    click.echo(render_table(
+        ("PRODUCER ID", "EPOCH", "COORDINATOR EPOCH", "LAST SEQUENCE", "LAST TIMESTAMP", "START OFFSET"),
+        [
+            (r["producer_id"], r["producer_epoch"], r["coordinator_epoch"], r["last_sequence"],
+             _timestamp(r["last_timestamp_ms"]),
+             "-" if r["current_transaction_start_offset"] is None else r["current_transaction_start_offset"])
+            for r in rows
+        ],
+    ))
+
+
+@cli.command("find-hanging")
+@click.option("--topic", metavar="TOPIC", help="Look at this topic's partitions.")
+@click.option("--partition", type=click.IntRange(min=0), metavar="N", help="Only this partition of --topic.")
+@click.option("--broker-id", type=int, metavar="ID", help="Look at every partition this broker leads.")
+@click.option(
+    "--max-transaction-timeout", "max_timeout_ms", callback=_duration_or_ms, default=None, metavar="DURATION",
+    help="The cluster's transaction.max.timeout.ms (15m, or milliseconds): an open transaction whose producer "
+    "wrote last longer ago than this is a candidate [default: 15m].",
+)
+@click.option("--all-open", is_flag=True, help="Also list candidates their coordinator still tracks (not hanging).")
+@_output_option
+@_connection_options(group=False)
+def find_hanging_command(
+    topic: str | None, partition: int | None, broker_id: int | None, max_timeout_ms: int | None, all_open: bool,
+    output: str,
+) -> None:
+    """Transactions a partition holds open although no coordinator does: they pin its last stable offset.
+
+    Per partition (of --topic, or led by --broker-id): producers with an open
+    transaction that last wrote longer ago than --max-transaction-timeout; one
+    is HANGING unless a coordinator has that producer id's transaction open
+    with this partition in it.  End a hanging one with 'kafka2pc abort'.
+    A prepared two-phase-commit transaction whose owner died is not hanging
+    (its coordinator tracks it): settle it with 'complete' or 'recover'.
+    """
+    from kafka2pc._hanging import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, find_open_transactions, partitions
+
+    if (topic is None) == (broker_id is None):
+        raise click.UsageError("give --topic TOPIC [--partition N] or --broker-id ID")
+    if partition is not None and topic is None:
+        raise click.UsageError("--partition needs --topic")
+    limit = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS if max_timeout_ms is None else max_timeout_ms
+    with _admin() as admin:
+        config = click.get_current_context().meta[_META + "client_config"]
+        tps = partitions(config, topic=topic, partition=partition, broker_id=broker_id,
+                         timeout_s=_settings().timeout_s)
+        found = find_open_transactions(admin.control_plane, tps, max_transaction_timeout_ms=limit)
+    shown = [o for o in found if all_open or o.hanging]
+    if output == "json":
+        click.echo(dump_json({
+            "version": JSON_VERSION, "partitions": len(tps), "max_transaction_timeout_ms": limit,
+            "transactions": [open_transaction_json(o) for o in shown],
+        }))
+        return
+    if not shown:
+        click.echo(f"no hanging transactions on {len(tps)} partitions"
+                   + ("" if all_open else f" ({len(found)} open ones tracked by their coordinator)" if found else ""))
+        return
+    click.echo(render_table(
+        ("PARTITION", "PRODUCER ID", "EPOCH", "COORDINATOR EPOCH", "START OFFSET", "LAST WRITE", "TRANSACTIONAL ID",
+         "HANGING", "REASON"),
+        [
+            (f"{o.partition.topic}-{o.partition.partition}", o.producer.producer_id, o.producer.producer_epoch,
+             o.producer.coordinator_epoch, o.producer.current_txn_start_offset,
+             format_duration(o.duration_ms) + " ago", o.transactional_id or "-", "yes" if o.hanging else "no",
+             o.reason)
+            for o in shown
+        ],
+    ))
+
+
+@cli.command("abort")
+@click.option("--topic", required=True, metavar="TOPIC", help="The partition's topic.")
+@click.option("--partition", required=True, type=click.IntRange(min=0), metavar="N", help="The partition.")
+@click.option("--start-offset", type=click.IntRange(min=0), metavar="OFFSET",
+              help="Find the producer by its open transaction's first offset (see describe-producers).")
+@click.option("--producer-id", type=click.IntRange(min=0), metavar="ID", help="The producer id (with --producer-epoch).")
+@click.option("--producer-epoch", type=click.IntRange(min=0), metavar="EPOCH", help="The producer epoch.")
+@click.option("--coordinator-epoch", type=int, default=-1, show_default=True, metavar="EPOCH",
+              help="-1 skips the partition leader's coordinator-epoch check, as kafka-transactions.sh does.")
+@click.option("--force", is_flag=True,
+              help="Abort even if a coordinator still tracks the transaction (it is then not hanging).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@_connection_options(group=False)
+def abort_command(
+    topic: str, partition: int, start_offset: int | None, producer_id: int | None, producer_epoch: int | None,
+    coordinator_epoch: int, force: bool, yes: bool,
+) -> None:
+    """Abort a hanging transaction on one partition: write its abort marker (WriteTxnMarkers).
+
+    Name the transaction by --start-offset, or by --producer-id and
+    --producer-epoch.  Its records on this partition become aborted and the
+    partition's last stable offset moves on.  Refused, unless --force, while
+    a coordinator still tracks the transaction: a prepared two-phase-commit
+    transaction must be settled by 'complete' or 'recover', which know
+    whether the database committed it.
+    """
+    from kafka2pc._hanging import find_open_transactions
+    from kafka2pc._types import TopicPartition
+
+    if (start_offset is None) == (producer_id is None and producer_epoch is None):
+        raise click.UsageError("name the transaction by --start-offset, or by --producer-id and --producer-epoch")
+    if start_offset is None and (producer_id is None or producer_epoch is None):
+        raise click.UsageError("--producer-id and --producer-epoch go together")
+    tp = TopicPartition(topic, partition)
+    with _admin() as admin:
+        ctrl = admin.control_plane
+        open_here = [p for p in ctrl.describe_producers(tp) if p.current_txn_start_offset >= 0]
+        matches = [
+            p for p in open_here
+            if (start_offset is not None and p.current_txn_start_offset == start_offset)
+            or (start_offset is None and p.producer_id == producer_id and p.producer_epoch == producer_epoch)
+        ]
+        if not matches:
+            wanted = (f"starting at offset {start_offset}" if start_offset is not None
+                      else f"of producer {producer_id} epoch {producer_epoch}")
+            raise CliFailure(f"{topic}-{partition} has no open transaction {wanted} (see describe-producers)",
+                             ExitCode.NOT_FOUND)
+        target = matches[0]
+        judged = next(
+            (o for o in find_open_transactions(ctrl, [tp], max_transaction_timeout_ms=0)
+             if o.producer.producer_id == target.producer_id),
+            None,
+        )
+        if judged is not None and not judged.hanging and not force:
+            raise CliFailure(
+                f"the transaction of producer {target.producer_id} on {topic}-{partition} is not hanging: "
+                f"{judged.transactional_id!r} has it {judged.reason}. Settle it with 'kafka2pc complete' or "
+                "'kafka2pc recover' (or 'force-terminate'); --force aborts it on this partition anyway",
+                ExitCode.FAILURE,
+            )
+        what = (f"the open transaction of producer {target.producer_id} (epoch {target.producer_epoch}) on "
+                f"{topic}-{partition}, first offset {target.current_txn_start_offset}")
+        if not yes:
+            try:
+                confirmed = click.confirm(f"Abort {what}?", default=False)
+            except click.Abort:
+                click.echo()
+                confirmed = False
+            if not confirmed:
+                raise CliFailure("nothing was aborted (not confirmed; pass --yes to skip the question)",
+                                 ExitCode.FAILURE)
+        ctrl.abort_partition_transaction(
+            tp, target.producer_id, target.producer_epoch, coordinator_epoch=coordinator_epoch
+        )
+        _, lso, hw = ctrl.partition_offsets(tp)
+    click.echo(f"aborted {what}; last stable offset now {lso} (high watermark {hw})")
 
 
 # -- in-doubt / recover -------------------------------------------------------------------
@@ -534,8 +783,24 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
     return document, code
 
 
+def _prepared_text(stored_state: str | None) -> str:
+    """The stored prepared state, short: ``producer/epoch topic-partition@first offset`` (``-``: empty)."""
+    from kafka2pc._exceptions import UsageError
+    from kafka2pc._state import PreparedTxnState
+
+    try:
+        state = PreparedTxnState(stored_state or "")
+    except UsageError:
+        return "invalid"
+    if state.is_empty:
+        return "-"
+    anchor = state.anchor
+    where = f" {anchor[0].topic}-{anchor[0].partition}@{anchor[1]}" if anchor else ""
+    return f"{state.producer_id}/{state.epoch}{where}"
+
+
 def _report_text(document: dict[str, Any], *, settled: bool) -> str:
-    headers = ["TRANSACTIONAL ID", "KAFKA STATE", "PRODUCER", "OPEN FOR", "DECISION"]
+    headers = ["TRANSACTIONAL ID", "PREPARED (STORED)", "KAFKA STATE", "PRODUCER", "OPEN FOR", "DECISION"]
     headers += ["STORED TXN", "REASON"] if not settled else ["STORED TXN NOW", "REASON"]
     rows = []
     for entry in document["entries"]:
@@ -545,8 +810,8 @@ def _report_text(document: dict[str, Any], *, settled: bool) -> str:
             decision += " + HEURISTIC"
         stored = entry["outcome"] if settled else entry["stored_outcome"]
         rows.append([
-            entry["transactional_id"], entry["kafka_state"] or "unknown id", producer,
-            format_duration(entry["open_for_ms"]), decision, stored or "-", entry["error"] or entry["reason"],
+            entry["transactional_id"], _prepared_text(entry["stored_state"]), entry["kafka_state"] or "unknown id",
+            producer, format_duration(entry["open_for_ms"]), decision, stored or "-", entry["error"] or entry["reason"],
         ])
     summary = document["summary"]
     prefix = "dry run: would " if document["dry_run"] else ("settled: " if settled else "recovery would ")
@@ -571,12 +836,14 @@ def _report_text(document: dict[str, Any], *, settled: bool) -> str:
 @_output_option
 @_connection_options(group=False)
 def in_doubt_command(db_url: str, table: str, output: str) -> None:
-    """What recovery would do for each prepared state stored by the dual-write recipe.
+    """What is prepared, for how long, and what recovery would decide, per stored state of the dual write.
 
     Joins the state table with the coordinator's view: per transactional id
-    its Kafka state, how long it has been open, and the decision (commit,
-    abort, nothing; HEURISTIC when Kafka aborted a transaction the database
-    committed).  Changes nothing.  Exit code 3 if a heuristic outcome is found.
+    the stored prepared transaction (producer/epoch and its first record),
+    its Kafka state, how long the open transaction has been open, and the
+    decision (commit, abort, nothing; HEURISTIC when Kafka aborted a
+    transaction the database committed).  Changes nothing.  Exit code 3 if a
+    heuristic outcome is found.
     """
     document, code = _report(settle=False, dry_run=False, db_url=db_url, table=table)
     click.echo(dump_json(document) if output == "json" else _report_text(document, settled=False))
@@ -594,8 +861,11 @@ def recover_command(db_url: str, table: str, dry_run: bool, output: str) -> None
 
     Per row: commit the open transaction if it is the stored prepared one,
     else abort it; then fence the producer.  Run it while the application's
-    producers are stopped.  The table is only read.  Exit code 3 if a
-    heuristic outcome is found, 9 if an outcome is not known yet (run again).
+    producers are stopped.  Each row is locked while it is settled (a no-op
+    UPDATE); a row whose producer was fenced is committed unchanged, which
+    gives it a new version so that a writer still running learns it was taken
+    over; no stored value changes.  Exit code 3 if a heuristic outcome is
+    found, 9 if an outcome is not known yet (run again).
     """
     document, code = _report(settle=True, dry_run=dry_run, db_url=db_url, table=table)
     click.echo(dump_json(document) if output == "json" else _report_text(document, settled=not dry_run))

@@ -25,7 +25,7 @@ from kafka2pc._exceptions import (
     UsageError,
 )
 
-__all__ = ["CliFailure", "ExitCode", "classify"]
+__all__ = ["CliFailure", "ExitCode", "classify", "error_json"]
 
 
 class ExitCode(enum.IntEnum):
@@ -101,3 +101,12 @@ def classify(exc: BaseException) -> tuple[ExitCode, str]:
     if isinstance(exc, KeyboardInterrupt):
         return ExitCode.FAILURE, "interrupted"
     return ExitCode.FAILURE, f"unexpected error: {type(exc).__name__}: {_one_line(str(exc))} (run with --debug)"
+
+
+def error_json(exit_code: int, message: str) -> dict[str, object]:
+    """The JSON document of a failed command run with ``-o json`` (schema ``error`` in ``docs/cli.md``)."""
+    try:
+        name = ExitCode(exit_code).name
+    except ValueError:
+        name = "FAILURE"
+    return {"version": 1, "error": {"exit_code": int(exit_code), "name": name, "message": _one_line(message)}}

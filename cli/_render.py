@@ -18,13 +18,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kafka2pc._admin import PartitionLag, TransactionInfo
-    from kafka2pc._types import TransactionDescription
+    from kafka2pc._hanging import OpenTransaction
+    from kafka2pc._types import ProducerState, TransactionDescription
 
 __all__ = [
     "JSON_VERSION",
     "dump_json",
     "format_duration",
+    "open_transaction_json",
     "parse_duration_ms",
+    "producer_json",
     "render_table",
     "transaction_json",
     "transaction_rows",
@@ -158,3 +161,31 @@ def transaction_rows(info: TransactionInfo) -> list[list[object]]:
             part["high_watermark"], part["held_back"],
         ])
     return rows
+
+
+def producer_json(producer: ProducerState) -> dict[str, Any]:
+    """One active producer of a partition (schema ``producer`` in ``docs/cli.md``)."""
+    return {
+        "producer_id": producer.producer_id,
+        "producer_epoch": producer.producer_epoch,
+        "coordinator_epoch": producer.coordinator_epoch,
+        "last_sequence": producer.last_sequence,
+        "last_timestamp_ms": producer.last_timestamp_ms,
+        "current_transaction_start_offset": (
+            producer.current_txn_start_offset if producer.current_txn_start_offset >= 0 else None
+        ),
+    }
+
+
+def open_transaction_json(found: OpenTransaction) -> dict[str, Any]:
+    """One open (possibly hanging) transaction of a partition (schema ``open_transaction`` in ``docs/cli.md``)."""
+    return {
+        "topic": found.partition.topic,
+        "partition": found.partition.partition,
+        **producer_json(found.producer),
+        "duration_ms": found.duration_ms,
+        "transactional_id": found.transactional_id,
+        "coordinator_state": found.coordinator_state,
+        "hanging": found.hanging,
+        "reason": found.reason,
+    }

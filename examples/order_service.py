@@ -53,8 +53,6 @@ def serve(
     from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
 
     logging.basicConfig(level=logging.WARNING, format="  [log] %(levelname)s %(name)s: %(message)s")
-    # Known and explained in docs/dual-write.md: librdkafka transactions obey transaction.timeout.ms.
-    logging.getLogger("kafka2pc._producer").setLevel(logging.ERROR)
     pid = os.getpid()
     engine = sa.create_engine(db_url)
     metadata = Base.metadata

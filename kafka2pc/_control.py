@@ -51,7 +51,7 @@ from kafka.protocol.metadata import (
     FindCoordinatorRequest,
     MetadataRequest,
 )
-from kafka.protocol.producer.transaction import EndTxnRequest, InitProducerIdRequest
+from kafka.protocol.producer.transaction import EndTxnRequest, InitProducerIdRequest, WriteTxnMarkersRequest
 
 from kafka2pc._errors import error_name_for_code, translate_kafka_python_error
 from kafka2pc._exceptions import (
@@ -62,6 +62,7 @@ from kafka2pc._exceptions import (
     UnsupportedBrokerError,
     UsageError,
 )
+from kafka2pc._logging import quiet_kafka_python, with_librdkafka_logger
 from kafka2pc._types import (
     InitProducerIdResult,
     ProducerState,
@@ -259,6 +260,7 @@ class ControlPlane:
         self._coordinators: dict[str, int] = {}
         self._keep_prepared_supported: bool | None = None
         self._requests: Counter[str] = Counter()
+        quiet_kafka_python()  # kafka-python's INFO chatter -> DEBUG (kafka2pc._logging)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -847,6 +849,48 @@ class ControlPlane:
         self._keep_prepared_supported = supported
         return supported
 
+    # -- hanging transactions (operator tools: `kafka2pc abort`) -------------------
+
+    def abort_partition_transaction(
+        self, tp: TopicPartition, producer_id: int, producer_epoch: int, *, coordinator_epoch: int = -1
+    ) -> None:
+        """Write an abort marker for ``producer_id``'s open transaction on ``tp`` (WriteTxnMarkers).
+
+        Kafka's admin ``abortTransaction`` (``kafka-transactions.sh abort``),
+        for a *hanging* transaction: one a partition still holds open although
+        its coordinator does not (KAFKA-12671), which pins the partition's
+        last stable offset forever.  Sent to the partition leader, which checks
+        the producer id and epoch; ``coordinator_epoch=-1`` skips the
+        coordinator-epoch check, as the Java admin client does.  The
+        coordinator is not told: aborting a transaction it still tracks
+        leaves it to abort again when its timeout expires.
+        """
+        context = f"WriteTxnMarkers (abort) for producer {producer_id}/{producer_epoch} on {tp.topic}-{tp.partition}"
+
+        async def attempt(leader: int) -> None:
+            marker = WriteTxnMarkersRequest.WritableTxnMarker(
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                transaction_result=False,
+                topics=[
+                    WriteTxnMarkersRequest.WritableTxnMarker.WritableTxnMarkerTopic(
+                        name=tp.topic, partition_indexes=[tp.partition]
+                    )
+                ],
+                coordinator_epoch=coordinator_epoch,
+            )
+            response = await self._send(WriteTxnMarkersRequest(markers=[marker]), leader)
+            for result in response.markers:
+                for topic in result.topics:
+                    for partition in topic.partitions:
+                        if partition.error_code:
+                            if error_name_for_code(partition.error_code) in _LEADER_MOVED:
+                                raise _Retry(partition.error_code)
+                            raise translate_kafka_python_error(partition.error_code, context)
+
+        self._run(context, lambda: self._with_leader(tp, context, attempt))
+        log.warning("%s: done", context)
+
     # -- outcome of one record ---------------------------------------------------
 
     def record_outcome(self, tp: TopicPartition, offset: int) -> str:
@@ -962,6 +1006,7 @@ class ControlPlane:
                 "fetch.max.bytes": 1_048_576,
             }
         )
+        with_librdkafka_logger(config)  # librdkafka's logs -> logging (kafka2pc._logging)
         try:
             consumer = Consumer(config)
         except KafkaException as exc:

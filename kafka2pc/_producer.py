@@ -34,6 +34,7 @@ from kafka2pc._exceptions import (
     UnsupportedBrokerError,
     UsageError,
 )
+from kafka2pc._logging import with_librdkafka_logger
 from kafka2pc._machine import StateMachine, TxnState
 from kafka2pc._recovery import Settlement, settle
 from kafka2pc._state import PreparedTxnState
@@ -590,7 +591,7 @@ class TwoPhaseCommitProducer:
                 conf["transaction.timeout.ms"] = chosen
             if not _timeout_warning_logged:
                 _timeout_warning_logged = True
-                logger.warning(
+                logger.info(
                     "librdkafka cannot open 2PC transactions (no Enable2Pc): prepared transactions are "
                     "aborted by the broker after transaction.timeout.ms=%s ms (the broker's "
                     "transaction.max.timeout.ms=%s%s); recovery reports such aborts as heuristic outcomes",
@@ -598,7 +599,7 @@ class TwoPhaseCommitProducer:
                     f", capped at librdkafka's limit of {LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS} ms"
                     if chosen == LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS else "",
                 )
-        return conf
+        return with_librdkafka_logger(conf)  # librdkafka's logs -> logging (kafka2pc._logging)
 
     @contextmanager
     def _bounded(self, deadline: float, op: str) -> Iterator[None]:

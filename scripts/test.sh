@@ -5,7 +5,7 @@
 # and SQLite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KAFKA2PC_EXTRAS=test,spark bash scripts/setup.sh
+KAFKA2PC_EXTRAS=test,spark,otel bash scripts/setup.sh
 if [ -z "${KAFKA2PC_PG_ADMIN_URL:-}" ]; then
   KAFKA2PC_PG_ADMIN_URL=$(bash scripts/start-postgres.sh | tail -n1)
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "test.sh: PostgreSQL did not start" >&2; exit 1; }

@@ -1,0 +1,522 @@
+"""OpenTelemetry metrics and spans for kafka2pc (the ``[otel]`` extra).
+
+``pip install 'kafka2pc[otel]'``, configure OpenTelemetry's SDK as usual, then
+instrument what you run::
+
+    from kafka2pc.otel import Telemetry
+
+    telemetry = Telemetry()                     # the global meter and tracer providers
+    producer = telemetry.instrument_producer(TwoPhaseCommitProducer(config))
+    writer = telemetry.instrument_dual_writer(DualWriter(engine, config))
+    df.writeStream.foreachBatch(telemetry.instrument_spark_sink(sink))
+
+Instruments (meter ``kafka2pc``; every point carries ``kafka2pc.component`` =
+``producer``, ``dual_write`` or ``spark_sink``, and
+``kafka2pc.transactional_id`` or ``kafka2pc.sink_id``):
+
+* ``kafka2pc.transactions.committed`` (Counter): transactions committed, a recovery's commits too;
+* ``kafka2pc.transactions.aborted`` (Counter): transactions aborted or rolled back;
+* ``kafka2pc.transaction.prepare.duration`` (Histogram, s): prepare, flushing the records;
+* ``kafka2pc.transaction.db_commit.duration`` (Histogram, s): the decision, the database COMMIT
+  (Spark: the decision file);
+* ``kafka2pc.transaction.commit.duration`` (Histogram, s): the Kafka commit (Spark: completing the batch);
+* ``kafka2pc.transaction.open.age`` (Gauge, s): age of the open transaction (no point when none is);
+* ``kafka2pc.transaction.prepared.age`` (Gauge, s): time since a prepared or in-doubt one was prepared;
+* ``kafka2pc.transactions.in_doubt`` (Gauge): prepared transactions whose outcome is not settled;
+* ``kafka2pc.heuristic_outcomes`` (Counter): the database committed, Kafka aborted.
+
+Alert on ``kafka2pc.transaction.prepared.age`` approaching the transaction
+timeout (librdkafka's transactions are aborted by the broker after
+``transaction.timeout.ms``), on ``kafka2pc.transactions.in_doubt`` > 0 for
+long, and on any ``kafka2pc.heuristic_outcomes``.
+
+Spans (tracer ``kafka2pc``), children of the caller's current span:
+``kafka2pc.prepare``, ``kafka2pc.db_commit`` (Spark: the durable decision),
+``kafka2pc.kafka_commit``, ``kafka2pc.complete`` (a recovery's
+``complete_transaction``) and ``kafka2pc.recovery`` (the dual write's
+recovery).  An exception is recorded on the span and sets its status to ERROR.
+
+How each part is observed, without changing it:
+
+* the core producer: ``instrument_producer`` wraps the instance's
+  transaction methods (the class is untouched);
+* the dual write: its ``on_step`` hook times the phases, and its
+  ``metrics()`` snapshot feeds the counters and gauges (read at each
+  collection, so nothing drifts: a rollback that passes no step is counted
+  too).  A phase span an exception interrupted ends, with status ERROR, when
+  the writer starts its next transaction or recovery;
+* the Spark sink: the function passed to ``foreachBatch`` wraps the sink and
+  turns each batch's :class:`~kafka2pc.recipes.spark_sink.BatchMetrics` into
+  points and spans (timed backwards from the batch's end; they describe the
+  driver's phases: the tasks' writes and prepares, the decision file, the
+  completion).  Only ``open.age`` is a live gauge for the sink (the batch in
+  progress); a batch settles its transactions before it returns, so the
+  sink's in-doubt count is zero between batches, and a repaired partition
+  (Kafka aborted a decided transaction; the sink wrote it again) counts as a
+  heuristic outcome with ``kafka2pc.repaired=true``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+try:
+    from opentelemetry import metrics, trace
+    from opentelemetry.metrics import CallbackOptions, Observation
+    from opentelemetry.trace import Span, Status, StatusCode
+except ImportError as exc:  # pragma: no cover - exercised without the extra installed
+    raise ImportError(
+        "kafka2pc.otel needs OpenTelemetry: pip install 'kafka2pc[otel]' "
+        "(opentelemetry-api and opentelemetry-sdk)"
+    ) from exc
+
+from kafka2pc import HeuristicOutcomeError, PreparedTxnState, TxnState, __version__
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from kafka2pc import TwoPhaseCommitProducer
+
+
+class _StepLike(Protocol):
+    @property
+    def value(self) -> str: ...
+
+
+class _DualWriteMetricsLike(Protocol):
+    @property
+    def oldest_open_transaction_age_s(self) -> float | None: ...
+    @property
+    def in_doubt_transactions(self) -> int: ...
+    @property
+    def transactions_rolled_back(self) -> int: ...
+
+
+class _DualWriterLike(Protocol):
+    """What :meth:`Telemetry.instrument_dual_writer` uses of ``kafka2pc.recipes.dual_write.DualWriter``."""
+
+    _on_step: Callable[[Any], None] | None
+
+    @property
+    def transactional_id(self) -> str: ...
+    def metrics(self) -> _DualWriteMetricsLike: ...
+
+
+_W = TypeVar("_W", bound="_DualWriterLike")
+
+
+class _SinkLike(Protocol):
+    """What :meth:`Telemetry.instrument_spark_sink` uses of ``kafka2pc.recipes.spark_sink.KafkaTwoPhaseSink``."""
+
+    @property
+    def sink_id(self) -> str | None: ...
+    @property
+    def last_batch_metrics(self) -> Any: ...
+    def __call__(self, df: DataFrame, batch_id: int) -> None: ...
+
+__all__ = ["SCOPE", "Telemetry", "instrument_dual_writer", "instrument_producer", "instrument_spark_sink"]
+
+SCOPE = "kafka2pc"
+"""The instrumentation scope (meter and tracer name)."""
+
+COMPONENT = "kafka2pc.component"
+TRANSACTIONAL_ID = "kafka2pc.transactional_id"
+SINK_ID = "kafka2pc.sink_id"
+
+_OPEN_STATES = frozenset(
+    {TxnState.IN_TRANSACTION, TxnState.PREPARED, TxnState.IN_DOUBT, TxnState.ABORTABLE_ERROR}
+)
+_PREPARED_STATES = frozenset({TxnState.PREPARED, TxnState.IN_DOUBT})
+
+
+@dataclass
+class _ProducerTrack:
+    producer: weakref.ref[TwoPhaseCommitProducer]
+    attributes: dict[str, str]
+    open_since: float | None = None
+    prepared_since: float | None = None
+
+
+@dataclass
+class _WriterTrack:
+    writer: weakref.ref[_DualWriterLike]
+    attributes: dict[str, str]
+    seen: dict[str, int] = field(default_factory=dict)
+    prepared_since: float | None = None
+    spans: dict[str, tuple[Span, float]] = field(default_factory=dict)
+    rolled_back_at_begin: int = 0
+
+
+@dataclass
+class _SinkTrack:
+    sink: _SinkLike
+    open_since: float | None = None
+    counted: deque[int] = field(default_factory=lambda: deque(maxlen=1000))
+    """Batch ids whose commits were counted: a replay in the same process does not count them again."""
+
+    @property
+    def attributes(self) -> dict[str, str]:
+        return {COMPONENT: "spark_sink", SINK_ID: self.sink.sink_id or ""}
+
+
+class Telemetry:
+    """kafka2pc's OpenTelemetry instruments, and the ``instrument_*`` methods that feed them.
+
+    ``meter_provider``/``tracer_provider`` default to OpenTelemetry's global
+    providers.  Create one ``Telemetry`` per provider pair and instrument
+    every producer, writer and sink through it (a second one on the same
+    providers would register the same instruments twice).
+    """
+
+    def __init__(
+        self,
+        *,
+        meter_provider: metrics.MeterProvider | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
+        meter = metrics.get_meter(SCOPE, __version__, meter_provider=meter_provider)
+        self._tracer = trace.get_tracer(SCOPE, __version__, tracer_provider=tracer_provider)
+        self._lock = threading.Lock()
+        self._producers: list[_ProducerTrack] = []
+        self._writers: list[_WriterTrack] = []
+        self._sinks: list[_SinkTrack] = []
+        self._committed = meter.create_counter(
+            "kafka2pc.transactions.committed", unit="{transaction}", description="Transactions committed"
+        )
+        self._aborted = meter.create_counter(
+            "kafka2pc.transactions.aborted", unit="{transaction}",
+            description="Transactions aborted or rolled back",
+        )
+        self._heuristic = meter.create_counter(
+            "kafka2pc.heuristic_outcomes", unit="{transaction}",
+            description="Transactions the database (or decision) committed and Kafka aborted",
+        )
+        self._prepare_duration = meter.create_histogram(
+            "kafka2pc.transaction.prepare.duration", unit="s", description="Time to prepare (flush) a transaction"
+        )
+        self._commit_duration = meter.create_histogram(
+            "kafka2pc.transaction.commit.duration", unit="s", description="Time to commit a transaction in Kafka"
+        )
+        self._db_commit_duration = meter.create_histogram(
+            "kafka2pc.transaction.db_commit.duration", unit="s",
+            description="Time to make the decision durable (database COMMIT, Spark decision file)",
+        )
+        meter.create_observable_gauge(
+            "kafka2pc.transaction.open.age", callbacks=[self._observe_open_age], unit="s",
+            description="Age of the open transaction",
+        )
+        meter.create_observable_gauge(
+            "kafka2pc.transaction.prepared.age", callbacks=[self._observe_prepared_age], unit="s",
+            description="Time since the open transaction was prepared",
+        )
+        meter.create_observable_gauge(
+            "kafka2pc.transactions.in_doubt", callbacks=[self._observe_in_doubt], unit="{transaction}",
+            description="Prepared transactions whose outcome is not settled yet",
+        )
+
+    # -- the core producer ----------------------------------------------------------
+    def instrument_producer(self, producer: TwoPhaseCommitProducer) -> TwoPhaseCommitProducer:
+        """Record ``producer``'s transactions; returns the same producer (its methods wrapped)."""
+        track = _ProducerTrack(
+            weakref.ref(producer), {COMPONENT: "producer", TRANSACTIONAL_ID: producer.transactional_id}
+        )
+        with self._lock:
+            self._producers.append(track)
+        attrs = track.attributes
+        begin, prepare = producer.begin_transaction, producer.prepare_transaction
+        commit, abort, complete = producer.commit_transaction, producer.abort_transaction, producer.complete_transaction
+
+        def settled() -> None:
+            track.open_since = track.prepared_since = None
+
+        def begin_transaction() -> None:
+            begin()
+            track.open_since, track.prepared_since = time.monotonic(), None
+
+        def prepare_transaction(timeout: float | None = None) -> PreparedTxnState:
+            with self._span("kafka2pc.prepare", attrs) as span:
+                started = time.monotonic()
+                state = prepare(timeout)
+                track.prepared_since = time.monotonic()
+                self._prepare_duration.record(track.prepared_since - started, attrs)
+                span.set_attribute("kafka2pc.prepared_state", str(state))
+                return state
+
+        def commit_transaction(timeout: float | None = None) -> None:
+            recovering = producer.state is TxnState.RECOVERING
+            with self._span("kafka2pc.complete" if recovering else "kafka2pc.kafka_commit", attrs):
+                started = time.monotonic()
+                self._heuristic_guard(lambda: commit(timeout), attrs)
+                self._commit_duration.record(time.monotonic() - started, attrs)
+                self._committed.add(1, attrs)
+                settled()
+
+        def abort_transaction(timeout: float | None = None) -> None:
+            with self._span("kafka2pc.abort", attrs):
+                abort(timeout)
+                self._aborted.add(1, attrs)
+                settled()
+
+        def complete_transaction(state: PreparedTxnState, timeout: float | None = None) -> None:
+            same_process = producer.state is TxnState.PREPARED
+            commits = same_process and state == producer.prepared_state
+            with self._span("kafka2pc.complete", attrs) as span:
+                span.set_attribute("kafka2pc.prepared_state", str(state))
+                started = time.monotonic()
+                self._heuristic_guard(lambda: complete(state, timeout), attrs)
+                if not same_process:
+                    settlement = producer.last_settlement
+                    decision = settlement.plan.decision.value if settlement is not None else "nothing"
+                    commits = decision == "commit"
+                    if decision == "abort":
+                        self._aborted.add(1, attrs)
+                    span.set_attribute("kafka2pc.decision", decision)
+                elif not commits:
+                    self._aborted.add(1, attrs)
+                if commits:
+                    self._commit_duration.record(time.monotonic() - started, attrs)
+                    self._committed.add(1, attrs)
+                settled()
+
+        for name, wrapper in (
+            ("begin_transaction", begin_transaction), ("prepare_transaction", prepare_transaction),
+            ("commit_transaction", commit_transaction), ("abort_transaction", abort_transaction),
+            ("complete_transaction", complete_transaction),
+        ):
+            setattr(producer, name, wrapper)
+        return producer
+
+    # -- the dual write ----------------------------------------------------------------
+    def instrument_dual_writer(self, writer: _W) -> _W:
+        """Record ``writer``'s transactions through its ``on_step`` hook and ``metrics()``; returns it.
+
+        The writer's own ``on_step`` hook, if any, still runs (after this one).
+        """
+        track = _WriterTrack(
+            weakref.ref(writer), {COMPONENT: "dual_write", TRANSACTIONAL_ID: writer.transactional_id}
+        )
+        with self._lock:
+            self._writers.append(track)
+        self._sync_writer(track, writer)
+        previous: Callable[[Any], None] | None = writer._on_step
+
+        def on_step(step: _StepLike) -> None:
+            self._writer_step(track, writer, step)
+            if previous is not None:
+                previous(step)
+
+        writer._on_step = on_step
+        return writer
+
+    def _writer_step(self, track: _WriterTrack, writer: _DualWriterLike, step: _StepLike) -> None:
+        name = step.value
+        now = time.monotonic()
+        attrs = track.attributes
+        if name in ("db_begun", "recovery_locked"):
+            rolled_back = writer.metrics().transactions_rolled_back
+            self._end_stale_spans(track, "rolled back" if rolled_back > track.rolled_back_at_begin else "interrupted")
+            track.rolled_back_at_begin = rolled_back
+            track.prepared_since = None
+            self._sync_writer(track, writer)
+        if name == "recovery_locked":
+            self._start(track, "kafka2pc.recovery", now)
+        elif name == "recovery_settled":
+            self._end(track, "kafka2pc.recovery", now)
+            track.prepared_since = None
+            self._sync_writer(track, writer)
+        elif name == "body_done":
+            self._start(track, "kafka2pc.prepare", now)
+        elif name == "prepared":
+            started = self._end(track, "kafka2pc.prepare", now)
+            if started is not None:
+                self._prepare_duration.record(now - started, attrs)
+            track.prepared_since = now
+        elif name == "db_committing":
+            self._start(track, "kafka2pc.db_commit", now)
+        elif name == "db_committed":
+            started = self._end(track, "kafka2pc.db_commit", now)
+            if started is not None:
+                self._db_commit_duration.record(now - started, attrs)
+            self._start(track, "kafka2pc.kafka_commit", now)
+        elif name == "kafka_committed":
+            started = self._end(track, "kafka2pc.kafka_commit", now)
+            if started is not None:
+                self._commit_duration.record(now - started, attrs)
+            track.prepared_since = None
+            self._sync_writer(track, writer)
+
+    def _start(self, track: _WriterTrack, name: str, now: float) -> None:
+        track.spans[name] = (self._tracer.start_span(name, attributes=track.attributes), now)
+
+    def _end(self, track: _WriterTrack, name: str, now: float) -> float | None:
+        entry = track.spans.pop(name, None)
+        if entry is None:
+            return None
+        entry[0].end()
+        return entry[1]
+
+    @staticmethod
+    def _end_stale_spans(track: _WriterTrack, why: str) -> None:
+        for span, _ in track.spans.values():
+            span.set_status(Status(StatusCode.ERROR, f"the transaction did not complete ({why})"))
+            span.end()
+        track.spans.clear()
+
+    def _sync_writer(self, track: _WriterTrack, writer: _DualWriterLike) -> None:
+        """Add what ``writer.metrics()`` counted since the last look to the counters."""
+        snapshot = writer.metrics()
+        with self._lock:
+            for key, counter in (
+                ("transactions_committed", self._committed),
+                ("transactions_rolled_back", self._aborted),
+                ("heuristic_outcomes", self._heuristic),
+            ):
+                value = getattr(snapshot, key)
+                delta = value - track.seen.get(key, 0)
+                track.seen[key] = value
+                if delta > 0:
+                    counter.add(delta, track.attributes)
+
+    # -- the Spark sink ------------------------------------------------------------------
+    def instrument_spark_sink(self, sink: _SinkLike) -> Callable[[DataFrame, int], None]:
+        """The ``foreachBatch`` function: runs ``sink`` and records each batch's metrics and spans."""
+        track = _SinkTrack(sink)
+        with self._lock:
+            self._sinks.append(track)
+
+        def foreach_batch(df: DataFrame, batch_id: int) -> None:
+            with self._tracer.start_as_current_span("kafka2pc.spark.batch") as batch_span:
+                batch_span.set_attribute("kafka2pc.batch_id", int(batch_id))
+                track.open_since = time.monotonic()
+                try:
+                    sink(df, batch_id)
+                finally:
+                    track.open_since = None
+                batch = sink.last_batch_metrics
+                if batch is not None and batch.batch_id == int(batch_id):
+                    self._record_batch(track, batch)
+
+        foreach_batch.sink = sink  # type: ignore[attr-defined]
+        return foreach_batch
+
+    def _record_batch(self, track: _SinkTrack, batch: Any) -> None:
+        attrs = track.attributes
+        end_ns = time.time_ns()
+        phases = [("kafka2pc.kafka_commit", batch.completion_s)]
+        if not batch.replayed:
+            phases += [("kafka2pc.db_commit", batch.decision_s), ("kafka2pc.prepare", batch.write_s)]
+        for name, seconds in phases:  # backwards from the end of the batch
+            start_ns = end_ns - int(seconds * 1e9)
+            span = self._tracer.start_span(name, attributes=attrs, start_time=start_ns)
+            span.set_attribute("kafka2pc.batch_id", batch.batch_id)
+            span.end(end_time=end_ns)
+            end_ns = start_ns
+        if not batch.replayed:
+            self._prepare_duration.record(batch.task_prepare_s, attrs)
+            self._db_commit_duration.record(batch.decision_s, attrs)
+        self._commit_duration.record(batch.completion_s, attrs)
+        # A replay reports the batch's transactions as committed again (they are): count them
+        # only if this process has not (the driver that wrote them may have died before its count).
+        if batch.batch_id not in track.counted:
+            track.counted.append(batch.batch_id)
+            self._committed.add(batch.transactions_committed, attrs)
+        aborted = batch.stray_transactions_aborted + batch.leftovers_aborted
+        if aborted:
+            self._aborted.add(aborted, attrs)
+        if batch.repaired_partitions:
+            self._heuristic.add(len(batch.repaired_partitions), {**attrs, "kafka2pc.repaired": True})
+
+    # -- gauges ------------------------------------------------------------------------
+    def _live(
+        self,
+    ) -> tuple[list[tuple[_ProducerTrack, TwoPhaseCommitProducer]], list[tuple[_WriterTrack, _DualWriterLike]]]:
+        with self._lock:
+            producers = [(t, p) for t in self._producers if (p := t.producer()) is not None]
+            writers = [(t, w) for t in self._writers if (w := t.writer()) is not None]
+            self._producers = [t for t, _ in producers]
+            self._writers = [t for t, _ in writers]
+        return producers, writers
+
+    def _observe_open_age(self, options: CallbackOptions) -> Iterable[Observation]:
+        now = time.monotonic()
+        producers, writers = self._live()
+        for ptrack, producer in producers:
+            if ptrack.open_since is not None and producer.state in _OPEN_STATES:
+                yield Observation(now - ptrack.open_since, ptrack.attributes)
+        for wtrack, writer in writers:
+            self._sync_writer(wtrack, writer)
+            age = writer.metrics().oldest_open_transaction_age_s
+            if age is not None:
+                yield Observation(age, wtrack.attributes)
+        for strack in list(self._sinks):
+            since = strack.open_since
+            if since is not None:
+                yield Observation(now - since, strack.attributes)
+
+    def _observe_prepared_age(self, options: CallbackOptions) -> Iterable[Observation]:
+        now = time.monotonic()
+        producers, writers = self._live()
+        for ptrack, producer in producers:
+            if ptrack.prepared_since is not None and producer.state in _PREPARED_STATES:
+                yield Observation(now - ptrack.prepared_since, ptrack.attributes)
+        for wtrack, writer in writers:
+            snapshot = writer.metrics()
+            open_ = snapshot.oldest_open_transaction_age_s is not None or snapshot.in_doubt_transactions > 0
+            if wtrack.prepared_since is not None and open_:
+                yield Observation(now - wtrack.prepared_since, wtrack.attributes)
+
+    def _observe_in_doubt(self, options: CallbackOptions) -> Iterable[Observation]:
+        producers, writers = self._live()
+        for ptrack, producer in producers:
+            yield Observation(1 if producer.state is TxnState.IN_DOUBT else 0, ptrack.attributes)
+        for wtrack, writer in writers:
+            yield Observation(writer.metrics().in_doubt_transactions, wtrack.attributes)
+        for strack in list(self._sinks):
+            yield Observation(0, strack.attributes)
+
+    # -- helpers -------------------------------------------------------------------------
+    @contextmanager
+    def _span(self, name: str, attributes: dict[str, str]) -> Iterator[Span]:
+        with self._tracer.start_as_current_span(name, attributes=attributes) as span:
+            yield span
+
+    def _heuristic_guard(self, call: Callable[[], None], attrs: dict[str, str]) -> None:
+        try:
+            call()
+        except HeuristicOutcomeError:
+            self._heuristic.add(1, attrs)
+            raise
+
+
+_default: Telemetry | None = None
+_default_lock = threading.Lock()
+
+
+def _global() -> Telemetry:
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Telemetry()
+        return _default
+
+
+def instrument_producer(producer: TwoPhaseCommitProducer) -> TwoPhaseCommitProducer:
+    """:meth:`Telemetry.instrument_producer` with OpenTelemetry's global providers."""
+    return _global().instrument_producer(producer)
+
+
+def instrument_dual_writer(writer: _W) -> _W:
+    """:meth:`Telemetry.instrument_dual_writer` with OpenTelemetry's global providers."""
+    return _global().instrument_dual_writer(writer)
+
+
+def instrument_spark_sink(sink: _SinkLike) -> Callable[[DataFrame, int], None]:
+    """:meth:`Telemetry.instrument_spark_sink` with OpenTelemetry's global providers."""
+    return _global().instrument_spark_sink(sink)

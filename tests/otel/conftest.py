@@ -1,0 +1,66 @@
+"""Fixtures of the OpenTelemetry tests: SDK providers with in-memory readers, and a SparkSession."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+from _otelkit import Collected
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from kafka2pc.otel import Telemetry
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+@pytest.fixture
+def otel() -> Iterator[Collected]:
+    """A :class:`Telemetry` on private SDK providers (cumulative metrics, every span kept)."""
+    reader = InMemoryMetricReader()
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    meter_provider = MeterProvider(metric_readers=[reader])
+    yield Collected(Telemetry(meter_provider=meter_provider, tracer_provider=tracer_provider), reader, exporter)
+    meter_provider.shutdown()
+    tracer_provider.shutdown()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """A local SparkSession, configured exactly as tests/spark's (one JVM serves both in a full run).
+
+    Spark reads ``spark.jars.packages`` once per process, when it starts the
+    JVM: whichever fixture runs first must load the Kafka connector that
+    tests/spark needs, although the sink tested here does not use it.
+    """
+    import pyspark
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.pop("KAFKA2PC_SPARK_FAULTS", None)
+    from pyspark.sql import SparkSession
+
+    package = os.environ.get(
+        "KAFKA2PC_SPARK_KAFKA_PACKAGE", f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+    )
+    session = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("kafka2pc-spark-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.jars.packages", package)
+        .config("spark.sql.streaming.minBatchesToRetain", "20")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
