@@ -36,6 +36,7 @@ context of the call and is taken by the control plane, not here.
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING
 
 import kafka.errors as kafka_errors
@@ -55,7 +56,34 @@ from kafka2pc._exceptions import (
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError as ConfluentKafkaError
 
-__all__ = ["error_name_for_code", "translate_confluent_error", "translate_kafka_python_error"]
+__all__ = ["WireError", "error_name_for_code", "translate_confluent_error", "translate_kafka_python_error"]
+
+
+class WireError(enum.IntEnum):
+    """The Kafka protocol error codes the control plane acts on, by their wire names.
+
+    Logic compares codes with these names, never with bare numbers; the
+    numbers are Apache Kafka's (``org.apache.kafka.common.protocol.Errors``)
+    and are pinned against kafka-python's table by a test.
+    """
+
+    NONE = 0
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    NETWORK_EXCEPTION = 13
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    TOPIC_AUTHORIZATION_FAILED = 29
+    CLUSTER_AUTHORIZATION_FAILED = 31
+    UNSUPPORTED_VERSION = 35
+    INVALID_TXN_STATE = 48
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    CONCURRENT_TRANSACTIONS = 51
+    OFFSET_NOT_AVAILABLE = 78
+    TRANSACTIONAL_ID_NOT_FOUND = 105
 
 _AUTHORIZATION = frozenset(
     {
