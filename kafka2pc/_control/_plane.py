@@ -556,6 +556,7 @@ class ControlPlane:
         coordinator again), COORDINATOR_LOAD_IN_PROGRESS and CONCURRENT_TRANSACTIONS.
         """
         decision = "commit" if commit else "abort"
+        decided = "committed" if commit else "aborted"
         context = f"EndTxn({decision}) for {transactional_id!r} producer_id={producer_id} epoch={producer_epoch}"
         deadline = self._call_deadline(timeout)
 
@@ -569,7 +570,7 @@ class ControlPlane:
                 raise
             except kafka_errors.KafkaError as exc:
                 raise IndefiniteOutcomeError(
-                    f"{context}: no answer ({exc}); the transaction may or may not be {decision}ed",
+                    f"{context}: no answer ({exc}); the transaction may or may not be {decided}",
                     state=(producer_id, producer_epoch),
                 ) from exc
             code = int(response.error_code)
