@@ -117,6 +117,13 @@ _RETRIABLE = frozenset(
         "LEADER_NOT_AVAILABLE",
     }
 )
+# The ACL a wire error says is missing, when the request does not say more precisely.
+_ACL_HINTS = {
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "WRITE (and DESCRIBE) on TransactionalId",
+    "CLUSTER_AUTHORIZATION_FAILED": "an operation on the Cluster (DESCRIBE_CONFIGS, IDEMPOTENT_WRITE)",
+    "TOPIC_AUTHORIZATION_FAILED": "WRITE (to produce) or READ/DESCRIBE (to read) on Topic",
+    "GROUP_AUTHORIZATION_FAILED": "READ on Group",
+}
 # Client-side conditions (no wire code) meaning "nobody answered in time".
 _CLIENT_UNAVAILABLE: tuple[type[Exception], ...] = (
     kafka_errors.KafkaTimeoutError,
@@ -136,13 +143,15 @@ def error_name_for_code(code: int) -> str:
 
 
 def translate_kafka_python_error(
-    exc_or_code: BaseException | type[BaseException] | int, context: str
+    exc_or_code: BaseException | type[BaseException] | int, context: str, *, needs: str | None = None
 ) -> Kafka2pcError:
     """Return the kafka2pc exception for a kafka-python error or a wire error code.
 
     ``context`` says what was being done (``"EndTxn(commit) for 'tx-1'"``) and
-    starts the message, so that a log line alone tells what failed.  The
-    result is returned, not raised, so the caller can chain it with
+    starts the message, so that a log line alone tells what failed.
+    ``needs`` names the ACL the request needs (``"WRITE on TransactionalId
+    'tx-1'"``); an authorization failure's message then says it is missing.
+    The result is returned, not raised, so the caller can chain it with
     ``raise ... from exc``.
     """
     if isinstance(exc_or_code, Kafka2pcError):
@@ -171,6 +180,10 @@ def translate_kafka_python_error(
 
     detail = str(exc) if exc is not None and str(exc) else (name or error_class.__name__)
     target = _target_class(error_class, name)
+    if target is AuthorizationError and name != "SASL_AUTHENTICATION_FAILED":
+        missing = needs or _ACL_HINTS.get(name or "")
+        if missing:
+            detail += f" (the principal lacks the ACL: {missing})"
     return target(f"{context}: {detail}", error_name=name, error_code=code)
 
 
@@ -221,6 +234,8 @@ def translate_confluent_error(exc: BaseException | ConfluentKafkaError, context:
         return KafkaTransactionError(f"{context}: {exc}")
     name = err.name()
     detail = f"{context}: {err.str()} ({name})"
+    if name in _ACL_HINTS:
+        detail += f" (the principal lacks the ACL: {_ACL_HINTS[name]})"
     target: type[KafkaTransactionError]
     if name in _AUTHORIZATION:
         target = AuthorizationError

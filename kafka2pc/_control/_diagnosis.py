@@ -9,6 +9,7 @@ a short-lived librdkafka admin client is asked once, briefly.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +19,10 @@ from kafka2pc._exceptions import AuthorizationError, BrokerUnavailableError, Kaf
 __all__ = ["diagnose_unreachable"]
 
 _POLL_S = 0.1
+# With TLS 1.3 a refused client certificate arrives after the handshake, as a
+# transport error carrying the TLS alert ("ssl/tls alert bad certificate").
+_TLS_FAILURE = re.compile(r"SSL routines|ssl/tls alert|certificate verify failed|SSL handshake", re.IGNORECASE)
+_CLIENT_CERTIFICATE_REFUSED = re.compile(r"alert (bad certificate|certificate required|unknown ca)", re.IGNORECASE)
 
 
 def diagnose_unreachable(librdkafka_connection: Mapping[str, Any], timeout_s: float) -> KafkaTransactionError | None:
@@ -45,6 +50,14 @@ def diagnose_unreachable(librdkafka_connection: Mapping[str, Any], timeout_s: fl
             name = error.name()
             if name == "_AUTHENTICATION":
                 return AuthorizationError(f"authentication failed: {error.str()}", error_name=name)
-            if name == "_SSL":
-                return BrokerUnavailableError(f"TLS handshake failed: {error.str()}", error_name=name)
+            if name == "_SSL" or (name == "_TRANSPORT" and _TLS_FAILURE.search(error.str())):
+                return BrokerUnavailableError(f"TLS handshake failed: {error.str()}{_tls_hint(error.str())}",
+                                              error_name=name)
     return None
+
+
+def _tls_hint(text: str) -> str:
+    if _CLIENT_CERTIFICATE_REFUSED.search(text):
+        return (" (the listener wants a client certificate it trusts: set ssl.certificate.location and "
+                "ssl.key.location to a certificate signed by a CA the broker trusts)")
+    return ""

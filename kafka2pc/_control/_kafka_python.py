@@ -165,6 +165,7 @@ def check_compatibility(admin: KafkaAdminClient | None = None) -> list[str]:
             continue
         if not hasattr(owner, attribute):
             problems.append(f"{where}: {path}.{attribute} is gone; kafka2pc uses it to {purpose}")
+    send_parameters: Mapping[str, Any]
     try:
         manager_class = _resolve("kafka.net.manager.KafkaConnectionManager")
         send_parameters = inspect.signature(manager_class.send).parameters

@@ -88,6 +88,17 @@ def fence_transaction_timeout_ms(description: TransactionDescription | None) -> 
     return DEFAULT_FENCE_TRANSACTION_TIMEOUT_MS
 
 
+def _on_txn_id(operation: str, transactional_id: str) -> str:
+    return f"{operation} on TransactionalId {transactional_id!r}"
+
+
+def _on_topic(operation: str, topic: str) -> str:
+    return f"{operation} on Topic {topic!r}"
+
+
+_ON_CLUSTER = "DESCRIBE_CONFIGS on the Cluster"
+
+
 class _InvalidTxnState(Exception):
     """Internal: EndTxn answered INVALID_TXN_STATE (explained outside the retry loop)."""
 
@@ -320,7 +331,8 @@ class ControlPlane:
         context = f"FindCoordinator for transactional id {transactional_id!r}"
         request = protocol.find_transaction_coordinator(transactional_id)
         response = await self._send(admin, request, None, deadline, context)
-        check_code(Route.COORDINATOR, int(response.error_code), context)
+        check_code(Route.COORDINATOR, int(response.error_code), context,
+                   needs=_on_txn_id("DESCRIBE", transactional_id))
         compat.remember_transaction_coordinator(admin, response, transactional_id)
         node_id = int(response.node_id)
         self._coordinators[transactional_id] = node_id
@@ -332,8 +344,7 @@ class ControlPlane:
         for topic in response.topics:
             if topic.name != tp.topic:
                 continue
-            if topic.error_code:
-                raise Retry(int(topic.error_code), re_resolve=True)
+            check_code(Route.LEADER, int(topic.error_code), context, needs=_on_topic("DESCRIBE", tp.topic))
             for partition in topic.partitions:
                 if partition.partition_index == tp.partition:
                     if partition.leader_id < 0:
@@ -385,7 +396,9 @@ class ControlPlane:
             values: dict[str, str] = {}
             for result in response.results:
                 if result.error_code:
-                    raise translate_kafka_python_error(result.error_code, f"DescribeConfigs on broker {node_id}")
+                    raise translate_kafka_python_error(
+                        result.error_code, f"DescribeConfigs on broker {node_id}", needs=_ON_CLUSTER
+                    )
                 for entry in result.configs:
                     if entry.value is not None:
                         values[entry.name] = entry.value
@@ -426,7 +439,8 @@ class ControlPlane:
                     continue
                 if txn.error_code == WireError.TRANSACTIONAL_ID_NOT_FOUND:
                     return None
-                check_code(Route.COORDINATOR, int(txn.error_code), context)
+                check_code(Route.COORDINATOR, int(txn.error_code), context,
+                           needs=_on_txn_id("DESCRIBE", transactional_id))
                 partitions = tuple(
                     sorted(TopicPartition(topic.topic, int(p)) for topic in txn.topics for p in topic.partitions)
                 )
@@ -462,7 +476,7 @@ class ControlPlane:
                 for partition in topic.partitions:
                     if topic.name != tp.topic or partition.partition_index != tp.partition:
                         continue
-                    check_code(Route.LEADER, int(partition.error_code), context)
+                    check_code(Route.LEADER, int(partition.error_code), context, needs=_on_topic("READ", tp.topic))
                     return [
                         ProducerState(
                             producer_id=int(p.producer_id),
@@ -579,7 +593,7 @@ class ControlPlane:
                 return
             if code == WireError.INVALID_TXN_STATE:
                 raise _InvalidTxnState(code)
-            check_code(Route.COORDINATOR, code, context)
+            check_code(Route.COORDINATOR, code, context, needs=_on_txn_id("WRITE", transactional_id))
 
         async def go(admin: KafkaAdminClient, coordinator: int) -> None:
             try:
@@ -690,7 +704,7 @@ class ControlPlane:
                     error_name=WireError.UNSUPPORTED_VERSION.name,
                     error_code=code,
                 )
-            check_code(Route.COORDINATOR, code, context)
+            check_code(Route.COORDINATOR, code, context, needs=_on_txn_id("WRITE", transactional_id))
             return InitProducerIdResult(
                 producer_id=int(response.producer_id),
                 producer_epoch=int(response.producer_epoch),
@@ -802,7 +816,7 @@ class ControlPlane:
             response = await self._send(admin, request, leader, deadline, context)
             for topic in response.topics:
                 for partition in topic.partitions:
-                    check_code(Route.LEADER, int(partition.error_code), context)
+                    check_code(Route.LEADER, int(partition.error_code), context, needs=_on_topic("DESCRIBE", tp.topic))
                     return int(partition.offset)
             raise translate_kafka_python_error(
                 kafka_errors.KafkaProtocolError("no entry for the partition in the answer"), context

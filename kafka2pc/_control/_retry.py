@@ -107,15 +107,18 @@ class Deadline:
         )
 
 
-def check_code(route: Route, code: int, context: str) -> None:
-    """Return for success; raise :class:`Retry` for the route's retriable errors, a kafka2pc error otherwise."""
+def check_code(route: Route, code: int, context: str, *, needs: str | None = None) -> None:
+    """Return for success; raise :class:`Retry` for the route's retriable errors, a kafka2pc error otherwise.
+
+    ``needs``: the ACL the request needs, named in an authorization error.
+    """
     if code == WireError.NONE:
         return
     if code in _MOVED[route]:
         raise Retry(code, re_resolve=True)
     if code in _BUSY[route]:
         raise Retry(code)
-    raise translate_kafka_python_error(code, context)
+    raise translate_kafka_python_error(code, context, needs=needs)
 
 
 def backoff_s(attempt: int) -> float:
