@@ -94,12 +94,12 @@ class TransactionAdmin:
         """``config``: confluent-kafka style settings (only connection and security keys are used).
 
         ``timeout_s`` bounds each method call that is given no ``timeout``
-        (default 30 s, or ``request_timeout_s`` when only that is given);
-        ``request_timeout_s`` bounds each request on the wire (default: the
-        smaller of ``timeout_s`` and 30 s).
+        (default 30 s); ``request_timeout_s`` bounds each request on the wire,
+        and connecting to the bootstrap servers (default: the smaller of
+        ``timeout_s`` and 30 s).
         """
         if timeout_s is None:
-            timeout_s = request_timeout_s if request_timeout_s is not None else DEFAULT_TIMEOUT_S
+            timeout_s = DEFAULT_TIMEOUT_S
         if request_timeout_s is None:
             request_timeout_s = min(timeout_s, DEFAULT_REQUEST_TIMEOUT_S)
         self._config = dict(config)

@@ -50,12 +50,34 @@ KAFKA_PYTHON_VERSION: str = str(getattr(kafka, "__version__", "unknown"))
 def new_admin_client(
     settings: Mapping[str, Any], *, request_timeout_ms: int, bootstrap_timeout_ms: int
 ) -> KafkaAdminClient:
-    """A started, bootstrapped ``KafkaAdminClient`` (blocks at most ``bootstrap_timeout_ms``)."""
-    return KafkaAdminClient(
-        **settings,
-        request_timeout_ms=request_timeout_ms,
-        bootstrap_timeout_ms=max(1, bootstrap_timeout_ms),
-    )
+    """A started, bootstrapped ``KafkaAdminClient`` (blocks at most ``bootstrap_timeout_ms``).
+
+    kafka-python starts the client's IO thread before it bootstraps and does
+    not stop it when bootstrapping fails; every failed attempt would leave a
+    thread and its sockets behind.  So the object is made first and closed
+    here if its bootstrap raises.
+    """
+    admin = KafkaAdminClient.__new__(KafkaAdminClient)
+    try:
+        admin.__init__(
+            **settings,
+            request_timeout_ms=request_timeout_ms,
+            bootstrap_timeout_ms=max(1, bootstrap_timeout_ms),
+        )
+    except BaseException:
+        _close_half_made(admin)
+        raise
+    return admin
+
+
+def _close_half_made(admin: KafkaAdminClient) -> None:
+    """Stop the IO thread and close the connections of a client whose ``__init__`` raised."""
+    try:
+        if hasattr(admin, "_net"):
+            admin._closed = False  # close() is a no-op until __init__ has finished
+            admin.close()
+    except Exception:  # noqa: BLE001 - best effort: the original error matters
+        pass
 
 
 def run_on_io_thread(admin: KafkaAdminClient, coro_fn: Callable[[], Awaitable[_T]]) -> _T:

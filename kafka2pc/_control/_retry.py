@@ -101,7 +101,7 @@ class Deadline:
         """The error for a call that did not finish in time."""
         suffix = f" ({detail})" if detail else ""
         return BrokerUnavailableError(
-            f"{context}: no answer within the {self.timeout_s:g} s timeout{suffix}",
+            f"{context}: did not finish within the {self.timeout_s:g} s timeout{suffix}",
             error_name="REQUEST_TIMED_OUT",
             error_code=int(WireError.REQUEST_TIMED_OUT),
         )

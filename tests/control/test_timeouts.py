@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -91,7 +92,7 @@ def test_defaults_are_finite_and_documented() -> None:
     admin = TransactionAdmin({"bootstrap.servers": "127.0.0.1:1"})
     assert admin.timeout_s == DEFAULT_TIMEOUT_S == 30.0
     assert ControlPlane({"bootstrap.servers": "127.0.0.1:1"}).timeout_s == DEFAULT_TIMEOUT_S
-    assert TransactionAdmin({"bootstrap.servers": "127.0.0.1:1"}, request_timeout_s=7).timeout_s == 7
+    assert TransactionAdmin({"bootstrap.servers": "127.0.0.1:1"}, request_timeout_s=7).timeout_s == DEFAULT_TIMEOUT_S
     assert TransactionAdmin({"bootstrap.servers": "127.0.0.1:1"}, timeout_s=4).timeout_s == 4
 
 
@@ -119,6 +120,12 @@ def test_control_plane_default_timeout_against_unreachable_bootstrap(unreachable
         bounded(2.5, lambda: cp.describe_transaction("tx"), BrokerUnavailableError)
 
 
+def test_request_timeout_bounds_connecting(unreachable: dict[str, str]) -> None:
+    # The CLI's --timeout: an unreachable cluster is reported after it, not after the 30 s call bound.
+    with TransactionAdmin(unreachable, request_timeout_s=2) as admin:
+        bounded(2.0, admin.list_transactions, BrokerUnavailableError)
+
+
 def test_deadline_block_bounds_several_calls(unreachable: dict[str, str]) -> None:
     with ControlPlane(unreachable) as cp:
         def two_calls() -> None:
@@ -129,6 +136,15 @@ def test_deadline_block_bounds_several_calls(unreachable: dict[str, str]) -> Non
                     pass
                 cp.describe_transaction("tx", timeout=20)  # cannot outlive the block
         bounded(2.0, two_calls, BrokerUnavailableError)
+
+
+def test_failed_connects_leave_no_client_thread_behind(unreachable: dict[str, str]) -> None:
+    before = {t.ident for t in threading.enumerate()}
+    with ControlPlane(unreachable) as cp:
+        for _ in range(3):
+            bounded(0.5, lambda: cp.describe_transaction("tx", timeout=0.5), BrokerUnavailableError)
+    left = [t.name for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    assert not left, f"threads left behind by failed connects: {left}"
 
 
 def test_transaction_admin_against_unreachable_bootstrap(unreachable: dict[str, str]) -> None:
