@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -184,9 +185,26 @@ def frozen(kafka: LocalKafka) -> Iterator[None]:
     pid = kafka.nodes[0].pid
     os.kill(pid, signal.SIGSTOP)
     try:
+        wait_until_stopped(pid)
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def wait_until_stopped(pid: int, timeout_s: float = 10.0) -> None:
+    """Wait until every thread of ``pid`` is stopped: ``kill`` returns before a busy JVM's threads halt."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (OSError, IndexError):
+                continue  # the thread ended meanwhile
+        if states and all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+    pytest.fail(f"broker process {pid} did not stop within {timeout_s} s of SIGSTOP")
 
 
 def prepared_transaction(bootstrap: str) -> tuple[str, Any, TwoPhaseCommitProducer]:
