@@ -18,6 +18,8 @@ Split by concern:
 * :mod:`._protocol` -- the requests, built with kafka-python's schemas;
 * :mod:`._kafka_python` -- every use of kafka-python internals;
 * :mod:`._outcome_probe` -- the ``read_committed`` probe of one record;
+* :mod:`._diagnosis` -- why a secured cluster is unreachable (asked of librdkafka);
+* :mod:`._session` -- the connection: lazy connect, per-call deadlines, routed retries;
 * :mod:`._plane` -- :class:`ControlPlane`, the calls themselves.
 
 Facts this package relies on, each observed against Apache Kafka 4.3.1 (KRaft,

@@ -1,10 +1,10 @@
 """``ControlPlane``: requests straight to the transaction coordinator and partition leaders.
 
 What each request means, and what the broker answers, is documented on the
-methods; how a request is routed and retried is :mod:`._retry`; how it is
-encoded is :mod:`._protocol`; kafka-python's internals are in
-:mod:`._kafka_python`; the ``read_committed`` outcome probe is
-:mod:`._outcome_probe`.  This module decides nothing about recovery (what
+methods; the connection, deadlines and routing are :mod:`._session`; how a
+request is retried is :mod:`._retry`; how it is encoded is :mod:`._protocol`;
+kafka-python's internals are in :mod:`._kafka_python`; the ``read_committed``
+outcome probe is :mod:`._outcome_probe`.  This module decides nothing about recovery (what
 to commit, when): that is the core's policy.
 
 Every call is bounded by a deadline: the ``timeout`` given to the call, else
@@ -14,26 +14,28 @@ the plane's ``timeout_s`` (30 s by default).  Nested bounds only shorten it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
-from collections import Counter
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Collection, Mapping
+from typing import Any
 
 import kafka.errors as kafka_errors
 from kafka.admin import KafkaAdminClient
 
 from kafka2pc._control import _kafka_python as compat
 from kafka2pc._control import _protocol as protocol
-from kafka2pc._control._config import connection_settings
 from kafka2pc._control._outcome_probe import read_committed_outcome
-from kafka2pc._control._retry import Deadline, Retry, Route, call_with_retries, check_code
+from kafka2pc._control._retry import Deadline, Retry, Route, check_code
+from kafka2pc._control._session import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    DEFAULT_TIMEOUT_S,
+    Session,
+    on_topic,
+    on_txn_id,
+)
 from kafka2pc._errors import WireError, translate_kafka_python_error
 from kafka2pc._exceptions import (
     HeuristicOutcomeError,
     IndefiniteOutcomeError,
-    Kafka2pcError,
     UnsupportedBrokerError,
     UsageError,
 )
@@ -55,12 +57,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
-
-DEFAULT_TIMEOUT_S = 30.0
-"""Default bound of one control-plane call (connecting, retries and backoff included)."""
-DEFAULT_REQUEST_TIMEOUT_S = 30.0
-"""Default bound of one request on the wire (a call may send several)."""
 DEFAULT_FENCE_TRANSACTION_TIMEOUT_MS = 60_000
 """``transaction.timeout.ms`` sent with a fencing InitProducerId when the coordinator reports none."""
 
@@ -69,12 +65,6 @@ _OPPOSITE_OUTCOME_STATES = {
     True: ("PrepareAbort", "CompleteAbort", "aborted"),
     False: ("PrepareCommit", "CompleteCommit", "committed"),
 }
-_CONNECTION_ERRORS: tuple[type[Exception], ...] = (
-    kafka_errors.KafkaConnectionError,
-    kafka_errors.NodeNotReadyError,
-    kafka_errors.RequestTimedOutError,
-    kafka_errors.KafkaTimeoutError,
-)
 
 
 def fence_transaction_timeout_ms(description: TransactionDescription | None) -> int:
@@ -88,14 +78,6 @@ def fence_transaction_timeout_ms(description: TransactionDescription | None) -> 
     return DEFAULT_FENCE_TRANSACTION_TIMEOUT_MS
 
 
-def _on_txn_id(operation: str, transactional_id: str) -> str:
-    return f"{operation} on TransactionalId {transactional_id!r}"
-
-
-def _on_topic(operation: str, topic: str) -> str:
-    return f"{operation} on Topic {topic!r}"
-
-
 _ON_CLUSTER = "DESCRIBE_CONFIGS on the Cluster"
 
 
@@ -107,7 +89,7 @@ class _InvalidTxnState(Exception):
         self.code = code
 
 
-class ControlPlane:
+class ControlPlane(Session):
     """A client for the transaction coordinator and partition leaders.
 
     Construct it with the same confluent-kafka style config as the producer
@@ -131,40 +113,8 @@ class ControlPlane:
         max_retries: int = 20,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
-        if request_timeout_s <= 0:
-            raise UsageError("request_timeout_s must be positive")
-        if timeout_s <= 0:
-            raise UsageError("timeout_s must be positive")
-        if max_retries < 0:
-            raise UsageError("max_retries must not be negative")
-        settings = connection_settings(config)
-        self._librdkafka = dict(settings.librdkafka)
-        self._kafka_python = dict(settings.kafka_python)
-        self._request_timeout_ms = int(request_timeout_s * 1000)
-        self._timeout_s = float(timeout_s)
-        self._max_retries = max_retries
-        self._lock = threading.Lock()
-        self._local = threading.local()
-        self._admin: KafkaAdminClient | None = None
-        self._closed = False
-        self._coordinators: dict[str, int] = {}
+        super().__init__(config, request_timeout_s=request_timeout_s, max_retries=max_retries, timeout_s=timeout_s)
         self._keep_prepared_supported: bool | None = None
-        self._requests: Counter[str] = Counter()
-
-    # -- lifecycle -----------------------------------------------------------
-
-    @property
-    def timeout_s(self) -> float:
-        """The bound of a call given no ``timeout`` (outside any :meth:`deadline` block)."""
-        return self._timeout_s
-
-    def close(self) -> None:
-        """Close the connections (idempotent)."""
-        with self._lock:
-            self._closed = True
-            admin, self._admin = self._admin, None
-        if admin is not None:
-            admin.close()
 
     def __enter__(self) -> ControlPlane:
         return self
@@ -172,188 +122,6 @@ class ControlPlane:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def deadline(self, timeout_s: float | None) -> Iterator[Deadline]:
-        """Bound every call made by this thread inside the block to end within ``timeout_s`` from now.
-
-        ``None`` means the plane's ``timeout_s``.  A block inside another, or a
-        call's own ``timeout``, can only make the bound earlier.  This is how
-        a caller that makes several calls (recovery: describe, then
-        DescribeProducers, then EndTxn...) holds all of them to one timeout.
-        """
-        deadline = self._deadline(timeout_s)
-        stack: list[Deadline] = self._local.__dict__.setdefault("stack", [])
-        stack.append(deadline)
-        try:
-            yield deadline
-        finally:
-            stack.pop()
-
-    def _deadline(self, timeout: float | None) -> Deadline:
-        if timeout is not None and timeout <= 0:
-            raise UsageError(f"timeout must be positive, got {timeout}")
-        own = Deadline.after(self._timeout_s if timeout is None else float(timeout))
-        stack: list[Deadline] = self._local.__dict__.get("stack", [])
-        return own.earlier(stack[-1] if stack else None)
-
-    def _call_deadline(self, timeout: float | None) -> Deadline:
-        """The deadline of one call: its ``timeout``, else the enclosing block's, else ``timeout_s``."""
-        stack: list[Deadline] = self._local.__dict__.get("stack", [])
-        if timeout is None and stack:
-            return stack[-1]
-        return self._deadline(timeout)
-
-    def _client(self, deadline: Deadline, context: str) -> KafkaAdminClient:
-        with self._lock:
-            if self._closed:
-                raise UsageError("ControlPlane is closed")
-            if self._admin is None:
-                if deadline.expired():
-                    raise deadline.exceeded(context, "not connected yet")
-                try:
-                    self._admin = compat.new_admin_client(
-                        self._kafka_python,
-                        request_timeout_ms=self._request_timeout_ms,
-                        bootstrap_timeout_ms=deadline.remaining_ms(self._request_timeout_ms),
-                    )
-                except kafka_errors.KafkaError as exc:
-                    raise translate_kafka_python_error(
-                        exc, f"{context}: connecting the control plane to {self._kafka_python['bootstrap_servers']}"
-                    ) from exc
-            return self._admin
-
-    def _run(self, context: str, deadline: Deadline, coro: Callable[[KafkaAdminClient], Awaitable[_T]]) -> _T:
-        """Run ``coro(admin)`` on kafka-python's IO thread; translate its errors."""
-        admin = self._client(deadline, context)
-        try:
-            return compat.run_on_io_thread(admin, lambda: coro(admin))
-        except Kafka2pcError:
-            raise
-        except kafka_errors.KafkaError as exc:
-            if deadline.expired() and isinstance(exc, _CONNECTION_ERRORS):
-                raise deadline.exceeded(context, str(exc)) from exc
-            raise translate_kafka_python_error(exc, context) from exc
-
-    # -- low-level helpers (run on the IO thread) ------------------------------
-
-    async def _send(self, admin: KafkaAdminClient, request: Any, node_id: int | None, deadline: Deadline,
-                    context: str, *, label: str | None = None) -> Any:
-        timeout_ms = deadline.remaining_ms(self._request_timeout_ms)
-        if timeout_ms <= 0:
-            raise deadline.exceeded(context)
-        self._requests[label or type(request).__name__.removesuffix("Request")] += 1
-        return await compat.send(admin, request, node_id, timeout_ms)
-
-    @property
-    def requests_sent(self) -> dict[str, int]:
-        """Requests sent so far by API name (``{"EndTxn": 1, ...}``), a copy.
-
-        Counts what kafka2pc itself asks of the cluster (not kafka-python's
-        connection bootstrap or its periodic metadata refresh); a
-        ``record_outcome`` read_committed probe counts as ``"OutcomeProbe"`` and
-        a topic listing as ``"ListTopics"``.  Lets tests and benchmarks check that a producer's steady-state
-        transactions cost no control-plane round trip.
-        """
-        return dict(self._requests)
-
-    def wire_requests_written(self) -> int:
-        """Every request written on the control plane's connections so far, kafka-python's own included.
-
-        Unlike :attr:`requests_sent` this counts the client's bootstrap and
-        its periodic metadata refresh too (``0`` before the first call).
-        Benchmarks use it to show the steady state costs no round trip at all.
-        """
-        with self._lock:
-            admin = self._admin
-        return 0 if admin is None else compat.requests_written(admin)
-
-    def _with_route(
-        self,
-        admin: KafkaAdminClient,
-        route: Route,
-        context: str,
-        deadline: Deadline,
-        resolve: Callable[[bool], Awaitable[int]],
-        attempt_fn: Callable[[int], Awaitable[_T]],
-    ) -> Awaitable[_T]:
-        return call_with_retries(
-            route, context, resolve, attempt_fn,
-            max_retries=self._max_retries,
-            deadline=deadline,
-            sleep=lambda seconds: compat.sleep(admin, seconds),
-            connection_errors=_CONNECTION_ERRORS,
-        )
-
-    def _on_coordinator(
-        self,
-        transactional_id: str,
-        context: str,
-        deadline: Deadline,
-        attempt_fn: Callable[[KafkaAdminClient, int], Awaitable[_T]],
-    ) -> _T:
-        """``attempt_fn(admin, coordinator)`` with the coordinator route's retries."""
-
-        async def go(admin: KafkaAdminClient) -> _T:
-            async def resolve(refresh: bool) -> int:
-                return await self._coordinator(admin, transactional_id, refresh, deadline)
-
-            return await self._with_route(
-                admin, Route.COORDINATOR, context, deadline, resolve, lambda node: attempt_fn(admin, node)
-            )
-
-        return self._run(context, deadline, go)
-
-    def _on_leader(
-        self,
-        tp: TopicPartition,
-        context: str,
-        deadline: Deadline,
-        attempt_fn: Callable[[KafkaAdminClient, int], Awaitable[_T]],
-    ) -> _T:
-        """``attempt_fn(admin, leader)`` with the partition-leader route's retries."""
-
-        async def go(admin: KafkaAdminClient) -> _T:
-            async def resolve(_refresh: bool) -> int:
-                return await self._leader(admin, tp, deadline)
-
-            return await self._with_route(
-                admin, Route.LEADER, context, deadline, resolve, lambda node: attempt_fn(admin, node)
-            )
-
-        return self._run(context, deadline, go)
-
-    async def _coordinator(
-        self, admin: KafkaAdminClient, transactional_id: str, refresh: bool, deadline: Deadline
-    ) -> int:
-        """Node id of the transaction coordinator of ``transactional_id`` (cached until it moves)."""
-        if not refresh and transactional_id in self._coordinators:
-            return self._coordinators[transactional_id]
-        context = f"FindCoordinator for transactional id {transactional_id!r}"
-        request = protocol.find_transaction_coordinator(transactional_id)
-        response = await self._send(admin, request, None, deadline, context)
-        check_code(Route.COORDINATOR, int(response.error_code), context,
-                   needs=_on_txn_id("DESCRIBE", transactional_id))
-        compat.remember_transaction_coordinator(admin, response, transactional_id)
-        node_id = int(response.node_id)
-        self._coordinators[transactional_id] = node_id
-        return node_id
-
-    async def _leader(self, admin: KafkaAdminClient, tp: TopicPartition, deadline: Deadline) -> int:
-        context = f"Metadata for {tp.topic}-{tp.partition}"
-        response = await self._send(admin, protocol.metadata(tp.topic), None, deadline, context)
-        for topic in response.topics:
-            if topic.name != tp.topic:
-                continue
-            check_code(Route.LEADER, int(topic.error_code), context, needs=_on_topic("DESCRIBE", tp.topic))
-            for partition in topic.partitions:
-                if partition.partition_index == tp.partition:
-                    if partition.leader_id < 0:
-                        raise Retry(WireError.LEADER_NOT_AVAILABLE, re_resolve=True)
-                    return int(partition.leader_id)
-            raise translate_kafka_python_error(
-                WireError.UNKNOWN_TOPIC_OR_PARTITION, f"partition {tp} does not exist"
-            )
-        raise Retry(WireError.UNKNOWN_TOPIC_OR_PARTITION, re_resolve=True)
 
     # -- metadata --------------------------------------------------------------
 
@@ -440,7 +208,7 @@ class ControlPlane:
                 if txn.error_code == WireError.TRANSACTIONAL_ID_NOT_FOUND:
                     return None
                 check_code(Route.COORDINATOR, int(txn.error_code), context,
-                           needs=_on_txn_id("DESCRIBE", transactional_id))
+                           needs=on_txn_id("DESCRIBE", transactional_id))
                 partitions = tuple(
                     sorted(TopicPartition(topic.topic, int(p)) for topic in txn.topics for p in topic.partitions)
                 )
@@ -476,7 +244,7 @@ class ControlPlane:
                 for partition in topic.partitions:
                     if topic.name != tp.topic or partition.partition_index != tp.partition:
                         continue
-                    check_code(Route.LEADER, int(partition.error_code), context, needs=_on_topic("READ", tp.topic))
+                    check_code(Route.LEADER, int(partition.error_code), context, needs=on_topic("READ", tp.topic))
                     return [
                         ProducerState(
                             producer_id=int(p.producer_id),
@@ -593,7 +361,7 @@ class ControlPlane:
                 return
             if code == WireError.INVALID_TXN_STATE:
                 raise _InvalidTxnState(code)
-            check_code(Route.COORDINATOR, code, context, needs=_on_txn_id("WRITE", transactional_id))
+            check_code(Route.COORDINATOR, code, context, needs=on_txn_id("WRITE", transactional_id))
 
         async def go(admin: KafkaAdminClient, coordinator: int) -> None:
             try:
@@ -704,7 +472,7 @@ class ControlPlane:
                     error_name=WireError.UNSUPPORTED_VERSION.name,
                     error_code=code,
                 )
-            check_code(Route.COORDINATOR, code, context, needs=_on_txn_id("WRITE", transactional_id))
+            check_code(Route.COORDINATOR, code, context, needs=on_txn_id("WRITE", transactional_id))
             return InitProducerIdResult(
                 producer_id=int(response.producer_id),
                 producer_epoch=int(response.producer_epoch),
@@ -816,7 +584,7 @@ class ControlPlane:
             response = await self._send(admin, request, leader, deadline, context)
             for topic in response.topics:
                 for partition in topic.partitions:
-                    check_code(Route.LEADER, int(partition.error_code), context, needs=_on_topic("DESCRIBE", tp.topic))
+                    check_code(Route.LEADER, int(partition.error_code), context, needs=on_topic("DESCRIBE", tp.topic))
                     return int(partition.offset)
             raise translate_kafka_python_error(
                 kafka_errors.KafkaProtocolError("no entry for the partition in the answer"), context

@@ -200,9 +200,8 @@ def test_missing_write_on_the_transactional_id(tls_kafka: LocalKafka, pki: Pki) 
     assert from_producer.value.error_name == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", from_producer.value
     assert "WRITE" in str(from_producer.value) and "TransactionalId" in str(from_producer.value)
 
-    with TransactionAdmin(config, timeout_s=20) as admin:
-        with pytest.raises(AuthorizationError) as from_admin:
-            admin.control_plane.fence(txid)
+    with TransactionAdmin(config, timeout_s=20) as admin, pytest.raises(AuthorizationError) as from_admin:
+        admin.control_plane.fence(txid)
     message = str(from_admin.value)
     print(f"  TransactionAdmin: {message}")
     assert from_admin.value.error_name == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", message
@@ -211,9 +210,8 @@ def test_missing_write_on_the_transactional_id(tls_kafka: LocalKafka, pki: Pki) 
 
 def test_missing_cluster_acls(tls_kafka: LocalKafka, pki: Pki) -> None:
     config = mtls_config(tls_kafka, pki, NO_CLUSTER)
-    with ControlPlane(config, timeout_s=20) as control:
-        with pytest.raises(AuthorizationError) as from_control:
-            control.broker_config(["transaction.max.timeout.ms"])
+    with ControlPlane(config, timeout_s=20) as control, pytest.raises(AuthorizationError) as from_control:
+        control.broker_config(["transaction.max.timeout.ms"])
     message = str(from_control.value)
     print(f"\n  control plane: {message}")
     assert "DESCRIBE_CONFIGS on the Cluster" in message, message
