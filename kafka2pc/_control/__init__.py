@@ -41,7 +41,15 @@ Facts this package relies on, each observed against Apache Kafka 4.3.1 (KRaft,
 
 from __future__ import annotations
 
-from kafka2pc._control._config import (
+import kafka as _kafka
+
+if int(str(getattr(_kafka, "__version__", "0")).split(".")[0]) < 3:
+    raise ImportError(
+        f"kafka2pc's control plane is built on kafka-python 3.0 and found kafka-python "
+        f"{getattr(_kafka, '__version__', '?')}: pip install 'kafka-python>=3.0,<3.1'"
+    )
+
+from kafka2pc._control._config import (  # noqa: E402 - after the version check
     ConnectionSettings,
     connection_settings,
     kafka_python_config,

@@ -20,6 +20,7 @@ Listeners:
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,4 +97,4 @@ def tls_broker(pki: Pki, base: int, *, super_users: list[str]) -> LocalKafka:
         "super.users": ";".join(["User:ANONYMOUS", *(f"User:{user}" for user in super_users)]),
         "allow.everyone.if.no.acl.found": "false",
     }
-    return LocalKafka(base_port=base, name=f"control-tls-{base}", extra_settings=settings)
+    return LocalKafka(base_port=base, name=f"control-tls-{base}-{os.getpid()}", extra_settings=settings)

@@ -74,7 +74,8 @@ def bounded(
     """Run ``call``; assert it raises ``expected`` within ``timeout_s + SLACK_S``; the time it took."""
     start = time.monotonic()
     with pytest.raises(expected) as info:
-        call()
+        result = call()
+        pytest.fail(f"returned {result!r} after {time.monotonic() - start:.2f} s instead of raising {expected}")
     elapsed = time.monotonic() - start
     print(f"\n  time-to-error {elapsed:.2f} s (timeout {timeout_s:g} s): {type(info.value).__name__}: {info.value}")
     assert elapsed <= timeout_s + SLACK_S, f"took {elapsed:.2f} s for a {timeout_s} s timeout: {info.value}"
@@ -165,7 +166,7 @@ def test_transaction_admin_against_unreachable_bootstrap(unreachable: dict[str, 
 def private_kafka() -> Iterator[LocalKafka]:
     """A one-node broker only this module uses (it gets frozen and killed); wiped afterwards."""
     base = free_base_port(1400, 1600)
-    kafka = LocalKafka(base_port=base, name=f"control-timeouts-{base}")
+    kafka = LocalKafka(base_port=base, name=f"control-timeouts-{base}-{os.getpid()}")  # never shared
     try:
         kafka.start()
     except BrokerError as exc:
@@ -235,7 +236,7 @@ def test_unanswering_broker_bounds_every_admin_call(private_kafka: LocalKafka) -
                 bounded(3.0, lambda: admin.force_terminate_transaction(txid, timeout=3), BrokerUnavailableError)
             # Nothing was harmed: once the broker answers again, recovery settles the prepared transaction.
             settlement = admin.complete_transaction(txid, state, timeout=60)
-            assert settlement.outcome is TransactionOutcome.COMMITTED
+            assert settlement.outcome is TransactionOutcome.COMMITTED, settlement
     finally:
         producer.close(5)
 
@@ -253,7 +254,8 @@ def test_end_txn_in_flight_when_the_broker_freezes_is_indefinite_within_the_time
                 bounded(2.0, lambda: cp.end_txn(txid, desc.producer_id, desc.producer_epoch, commit=True, timeout=2),
                         IndefiniteOutcomeError)
             with TransactionAdmin({"bootstrap.servers": bootstrap}) as admin:
-                assert admin.complete_transaction(txid, state, timeout=60).outcome is TransactionOutcome.COMMITTED
+                settlement = admin.complete_transaction(txid, state, timeout=60)
+                assert settlement.outcome is TransactionOutcome.COMMITTED, settlement
     finally:
         producer.close(5)
 
@@ -272,6 +274,7 @@ def test_killed_broker_bounds_every_admin_call(private_kafka: LocalKafka) -> Non
                 bounded(3.0, lambda: admin.list_transactions(timeout=3), BrokerUnavailableError)
             finally:
                 private_kafka.start()
-            assert admin.complete_transaction(txid, state, timeout=90).outcome is TransactionOutcome.COMMITTED
+            settlement = admin.complete_transaction(txid, state, timeout=90)
+            assert settlement.outcome is TransactionOutcome.COMMITTED, settlement
     finally:
         producer.close(5)
