@@ -36,6 +36,7 @@ context of the call and is taken by the control plane, not here.
 
 from __future__ import annotations
 
+import enum
 from typing import TYPE_CHECKING
 
 import kafka.errors as kafka_errors
@@ -55,7 +56,34 @@ from kafka2pc._exceptions import (
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError as ConfluentKafkaError
 
-__all__ = ["error_name_for_code", "translate_confluent_error", "translate_kafka_python_error"]
+__all__ = ["WireError", "error_name_for_code", "translate_confluent_error", "translate_kafka_python_error"]
+
+
+class WireError(enum.IntEnum):
+    """The Kafka protocol error codes the control plane acts on, by their wire names.
+
+    Logic compares codes with these names, never with bare numbers; the
+    numbers are Apache Kafka's (``org.apache.kafka.common.protocol.Errors``)
+    and are pinned against kafka-python's table by a test.
+    """
+
+    NONE = 0
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    NETWORK_EXCEPTION = 13
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    TOPIC_AUTHORIZATION_FAILED = 29
+    CLUSTER_AUTHORIZATION_FAILED = 31
+    UNSUPPORTED_VERSION = 35
+    INVALID_TXN_STATE = 48
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    CONCURRENT_TRANSACTIONS = 51
+    OFFSET_NOT_AVAILABLE = 78
+    TRANSACTIONAL_ID_NOT_FOUND = 105
 
 _AUTHORIZATION = frozenset(
     {
@@ -89,6 +117,13 @@ _RETRIABLE = frozenset(
         "LEADER_NOT_AVAILABLE",
     }
 )
+# The ACL a wire error says is missing, when the request does not say more precisely.
+_ACL_HINTS = {
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "WRITE (and DESCRIBE) on TransactionalId",
+    "CLUSTER_AUTHORIZATION_FAILED": "an operation on the Cluster (DESCRIBE_CONFIGS, IDEMPOTENT_WRITE)",
+    "TOPIC_AUTHORIZATION_FAILED": "WRITE (to produce) or READ/DESCRIBE (to read) on Topic",
+    "GROUP_AUTHORIZATION_FAILED": "READ on Group",
+}
 # Client-side conditions (no wire code) meaning "nobody answered in time".
 _CLIENT_UNAVAILABLE: tuple[type[Exception], ...] = (
     kafka_errors.KafkaTimeoutError,
@@ -108,13 +143,15 @@ def error_name_for_code(code: int) -> str:
 
 
 def translate_kafka_python_error(
-    exc_or_code: BaseException | type[BaseException] | int, context: str
+    exc_or_code: BaseException | type[BaseException] | int, context: str, *, needs: str | None = None
 ) -> Kafka2pcError:
     """Return the kafka2pc exception for a kafka-python error or a wire error code.
 
     ``context`` says what was being done (``"EndTxn(commit) for 'tx-1'"``) and
-    starts the message, so that a log line alone tells what failed.  The
-    result is returned, not raised, so the caller can chain it with
+    starts the message, so that a log line alone tells what failed.
+    ``needs`` names the ACL the request needs (``"WRITE on TransactionalId
+    'tx-1'"``); an authorization failure's message then says it is missing.
+    The result is returned, not raised, so the caller can chain it with
     ``raise ... from exc``.
     """
     if isinstance(exc_or_code, Kafka2pcError):
@@ -143,6 +180,10 @@ def translate_kafka_python_error(
 
     detail = str(exc) if exc is not None and str(exc) else (name or error_class.__name__)
     target = _target_class(error_class, name)
+    if target is AuthorizationError and name != "SASL_AUTHENTICATION_FAILED":
+        missing = needs or _ACL_HINTS.get(name or "")
+        if missing:
+            detail += f" (the principal lacks the ACL: {missing})"
     return target(f"{context}: {detail}", error_name=name, error_code=code)
 
 
@@ -193,6 +234,8 @@ def translate_confluent_error(exc: BaseException | ConfluentKafkaError, context:
         return KafkaTransactionError(f"{context}: {exc}")
     name = err.name()
     detail = f"{context}: {err.str()} ({name})"
+    if name in _ACL_HINTS:
+        detail += f" (the principal lacks the ACL: {_ACL_HINTS[name]})"
     target: type[KafkaTransactionError]
     if name in _AUTHORIZATION:
         target = AuthorizationError

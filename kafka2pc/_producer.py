@@ -424,15 +424,10 @@ class TwoPhaseCommitProducer:
             return
         from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-        from kafka2pc import _control
+        from kafka2pc._control import librdkafka_connection_config
 
-        # The librdkafka connection settings (security included): named
-        # librdkafka_connection_config once the control plane is split by concern.
-        connection_config = getattr(_control, "librdkafka_connection_config", None) or getattr(
-            _control, "_connection_only"
-        )
         wait = max(deadline - time.monotonic(), 0.1)
-        admin = AdminClient(connection_config(self._config))
+        admin = AdminClient(with_librdkafka_logger(librdkafka_connection_config(self._config)))
         new_topic = NewTopic(
             topic, ANCHOR_TOPIC_PARTITIONS, -1, config={"cleanup.policy": "delete"}
         )
@@ -604,20 +599,8 @@ class TwoPhaseCommitProducer:
     @contextmanager
     def _bounded(self, deadline: float, op: str) -> Iterator[None]:
         """Hold the control-plane calls made in the block to ``deadline``."""
-        remaining = _left(deadline, op)
-        block = getattr(self._ctrl, "deadline", None)
-        if block is not None:  # a ControlPlane with deadline blocks
-            with block(remaining):
-                yield
-            return
-        # A ControlPlane without them: shorten its per-request timeout (and so its
-        # bootstrap wait) for the block.
-        saved = self._ctrl._request_timeout_ms
-        self._ctrl._request_timeout_ms = max(1, min(saved, int(remaining * 1000)))
-        try:
+        with self._ctrl.deadline(_left(deadline, op)):
             yield
-        finally:
-            self._ctrl._request_timeout_ms = saved
 
     def _start_producer(self, deadline: float) -> None:
         op = f"init_transactions({self._transactional_id!r})"

@@ -1,0 +1,22 @@
+"""kafka-python's private members on a connected client (see tests/unit/test_kafka_python_compat.py)."""
+
+from __future__ import annotations
+
+from kafka2pc._control import ControlPlane
+from kafka2pc._control import _kafka_python as compat
+
+
+def test_connected_client_meets_every_assumption(kafka_bootstrap: str) -> None:
+    with ControlPlane({"bootstrap.servers": kafka_bootstrap}, timeout_s=20) as control:
+        control.api_versions()  # connects
+        assert control.describe_transaction("compat-never-used", timeout=20) is None  # a coordinator connection
+        admin = control._admin  # noqa: SLF001 - the object under test
+        assert admin is not None
+        problems = compat.check_compatibility(admin)
+        assert not problems, (
+            f"kafka-python {compat.KAFKA_PYTHON_VERSION} broke {len(problems)} assumption(s):\n  "
+            + "\n  ".join(problems)
+        )
+        assert compat.broker_ids(admin)
+        assert compat.requests_written(admin) >= 0
+        assert control.wire_requests_written() >= 1
