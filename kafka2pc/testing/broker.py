@@ -556,11 +556,22 @@ def _random_cluster_id() -> str:
 
 
 def _all_clusters() -> list[LocalKafka]:
+    """Every local cluster whose ports lie in this process's block (see :func:`port_base`).
+
+    Checkouts with another ``$KAFKA2PC_PORT_BASE`` share the cache directory but
+    not the block: their clusters are left alone.
+    """
+    low = port_base()
     clusters = []
     for state in sorted((cache_dir() / "run").glob("*/cluster.json")):
-        data = json.loads(state.read_text())
+        try:
+            data = json.loads(state.read_text())
+        except (OSError, ValueError):
+            continue
         data["nodes"] = [_Node(**n) for n in data["nodes"]]
-        clusters.append(LocalKafka(**data))
+        cluster = LocalKafka(**data)
+        if all(low <= port < low + 2000 for n in cluster.nodes for port in (n.port, n.controller_port)):
+            clusters.append(cluster)
     return clusters
 
 
@@ -610,7 +621,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", default=os.environ.get("KAFKA_VERSION", DEFAULT_KAFKA_VERSION))
     parser.add_argument("--brokers", type=int, default=1, help="number of KRaft nodes (1 or 3)")
     parser.add_argument("--port", type=int, default=0, help="first listener port")
-    parser.add_argument("--all", action="store_true", help="with down: stop every local cluster")
+    parser.add_argument(
+        "--all", action="store_true", help="with down: stop every local cluster in this port block ($KAFKA2PC_PORT_BASE)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     kafka = LocalKafka(version=args.version, brokers=args.brokers, base_port=args.port)

@@ -101,3 +101,13 @@ def test_down_is_bounded_when_the_quorum_is_gone() -> None:
         assert _jvms_of(kafka) == []
     finally:
         kafka.wipe()
+
+
+def test_down_all_only_touches_this_port_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other checkouts share the cache directory (and its run/ states) but not the block.
+    monkeypatch.setenv("KAFKA2PC_CACHE", str(tmp_path))
+    mine = LocalKafka(base_port=port_base() + 92, name="mine")
+    theirs = LocalKafka(base_port=port_base() + 2092 if port_base() + 4000 < 32768 else port_base() - 1908, name="theirs")
+    for cluster in (mine, theirs):
+        cluster._save()
+    assert [c.name for c in broker._all_clusters()] == ["mine"]
