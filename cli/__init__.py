@@ -26,7 +26,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import click
+from kafka2pc._extras import missing_extra
+
+try:
+    import click
+except ImportError as exc:
+    raise missing_extra(exc, extra="cli", feature="the kafka2pc command line") from exc
 
 from kafka2pc import __version__
 
@@ -116,7 +121,7 @@ def _connection_options(*, group: bool) -> Callable[[_F], _F]:
 def _output_option(func: _F) -> _F:
     return click.option(
         "--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True,
-        help="Human-readable table, or JSON (shape in docs/cli.md).",
+        help="Human-readable table, or JSON (shape: https://kafka2pc.github.io/kafka2pc/cli/).",
     )(func)
 
 
@@ -253,7 +258,7 @@ def cli() -> None:
 
     Exit codes: 0 ok, 1 failure, 2 usage, 3 heuristic outcome found, 4 unknown
     transactional id, 5 Kafka unreachable, 6 authorization failure, 7 database
-    error, 8 unsupported by the broker, 9 outcome not known yet (see docs/cli.md).
+    error, 8 unsupported by the broker, 9 outcome not known yet (see https://kafka2pc.github.io/kafka2pc/cli/).
     With -o json an error is also a JSON document on stdout: {"version": 1,
     "error": {"exit_code": N, "name": "...", "message": "..."}}.
     """

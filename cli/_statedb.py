@@ -34,8 +34,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import sqlalchemy as sa
-from sqlalchemy.pool import NullPool
+from kafka2pc._extras import missing_extra
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.pool import NullPool
+except ImportError as exc:
+    raise missing_extra(exc, extra="sql", feature="kafka2pc in-doubt/recover (the state database)") from exc
 
 from ._errors import CliFailure, ExitCode
 
@@ -110,7 +115,8 @@ def read_states(db_url: str, table: str = DEFAULT_TABLE, *, timeout_s: float = 1
     except ImportError as exc:
         raise CliFailure(
             f"database error: no driver for {url.drivername} is installed ({exc}); install it, or name an "
-            "installed one in the URL (e.g. postgresql+psycopg://...)",
+            "installed one in the URL (e.g. postgresql+psycopg://...); for PostgreSQL: "
+            "pip install 'kafka2pc[postgres]'",
             ExitCode.DATABASE,
         ) from exc
     try:

@@ -676,6 +676,29 @@ class TwoPhaseCommitProducer:
             return fn(self._require_producer())
         except KafkaException as exc:
             raise self._failed(op, exc) from exc
+        except SystemError as exc:
+            # confluent-kafka 2.16 (measured): a flush() that meets a fatal error (fenced)
+            # sets its KafkaException, then runs delivery callbacks (purged records) with
+            # the exception still set.  The interpreter raises SystemError, chained to the
+            # KafkaException or (CPython 3.10, in a callback frame) having lost it.
+            cause = _kafka_exception_in(exc) or self._fatal_error_probe()
+            if cause is None:
+                raise
+            raise self._failed(op, cause) from exc
+
+    def _fatal_error_probe(self) -> KafkaException | None:
+        """librdkafka's fatal transaction error, if it is in its fatal state (no side effect).
+
+        Only inside a transaction, where ``begin_transaction()`` cannot succeed: it
+        fails with the fatal error in librdkafka's fatal state, with a state error otherwise.
+        """
+        if self.state not in (TxnState.IN_TRANSACTION, TxnState.PREPARED, TxnState.ABORTABLE_ERROR):
+            return None
+        try:
+            self._require_producer().begin_transaction()
+        except KafkaException as exc:
+            return exc if exc.args and exc.args[0].fatal() else None
+        return None
 
     def _require_producer(self) -> Producer:
         if self._producer is None:
@@ -697,6 +720,18 @@ class TwoPhaseCommitProducer:
                 user_cb(err, msg)
 
         return on_delivery
+
+
+def _kafka_exception_in(exc: BaseException) -> KafkaException | None:
+    """The first KafkaException in ``exc``'s chain of causes and contexts."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KafkaException):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class QueueFullError(RetriableError, BufferError):

@@ -73,8 +73,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Final
 
-import sqlalchemy as sa
-from sqlalchemy.orm import Session
+from kafka2pc._extras import missing_extra
+
+try:
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session
+except ImportError as exc:
+    raise missing_extra(exc, extra="sql", feature="kafka2pc.recipes.dual_write") from exc
 
 from kafka2pc import (
     HeuristicOutcomeError,

@@ -7,5 +7,5 @@
 # Extra arguments go to the demo (e.g. --orders 20 --crash-at 7).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KAFKA2PC_EXTRAS= bash scripts/setup.sh
+KAFKA2PC_EXTRAS=sql bash scripts/setup.sh
 exec .venv/bin/python examples/order_service.py "$@"

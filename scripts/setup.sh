@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install everything kafka2pc needs on a fresh Debian machine, idempotently:
 # Java 17 and Maven (to fetch and run Apache Kafka), then a virtualenv in .venv
-# with kafka2pc installed editable plus the extras named in $KAFKA2PC_EXTRAS.
+# with kafka2pc installed editable plus the extras named in $KAFKA2PC_EXTRAS
+# (comma-separated, e.g. "test,spark"; see pyproject.toml; empty: the core only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

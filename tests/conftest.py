@@ -12,6 +12,7 @@ from kafka2pc.testing.broker import BrokerError, LocalKafka
 pytest_plugins = ["kafka2pc.testing.pytest_plugin"]
 
 LEGACY_KAFKA_VERSION = os.environ.get("KAFKA_LEGACY_VERSION", "3.9.2")
+PREVIOUS_KAFKA_VERSION = os.environ.get("KAFKA_PREVIOUS_VERSION", "4.3.1")
 
 
 @pytest.fixture(scope="session")
@@ -25,9 +26,22 @@ def legacy_kafka() -> Iterator[LocalKafka]:
     kafka.stop()
 
 
-@pytest.fixture(params=["current", "legacy"])
+@pytest.fixture(scope="session")
+def previous_kafka() -> Iterator[LocalKafka]:
+    """A broker of the previous 4.x release line, started on demand."""
+    try:
+        kafka = LocalKafka.up(version=PREVIOUS_KAFKA_VERSION)
+    except BrokerError as exc:
+        pytest.fail(f"could not start Kafka {PREVIOUS_KAFKA_VERSION}: {exc}", pytrace=False)
+    yield kafka
+    kafka.stop()
+
+
+@pytest.fixture(params=["current", "previous", "legacy"])
 def any_kafka_bootstrap(request: pytest.FixtureRequest) -> str:
-    """Runs a test against the newest 4.x broker and against the 3.9.x line."""
+    """Runs a test against every broker line in CI: the default (4.4), the previous 4.x (4.3) and 3.9."""
     if request.param == "current":
         return str(request.getfixturevalue("kafka_bootstrap"))
+    if request.param == "previous":
+        return request.getfixturevalue("previous_kafka").bootstrap_servers
     return request.getfixturevalue("legacy_kafka").bootstrap_servers

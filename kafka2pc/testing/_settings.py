@@ -7,12 +7,16 @@ One source of truth: :mod:`kafka2pc.testing.broker` writes these into
 
 from __future__ import annotations
 
-DEFAULT_KAFKA_VERSION = "4.3.1"
-"""Newest Apache Kafka 4.x whose broker *and* dependencies are all on Maven Central.
+DEFAULT_KAFKA_VERSION = "4.4.0"
+"""The Apache Kafka release the local broker and docker-compose run by default (the newest).
 
-(4.4.0's ``kafka_2.13`` jar is published but its ``kafka-tools-api`` dependency
-is not, so Maven cannot resolve it.)
+Only the broker (``org.apache.kafka:kafka_2.13``) and its dependencies are
+fetched: nothing in kafka2pc needs Kafka's command-line tools (``kafka-tools``,
+which Maven Central lacks for 4.4.0).
 """
+
+#: Every broker line CI runs the crash tests on: the default, the previous 4.x, the 3.9 line.
+CI_KAFKA_VERSIONS: tuple[str, ...] = (DEFAULT_KAFKA_VERSION, "4.3.1", "3.9.2")
 
 #: Settings that matter to 2PC, identical for the local broker and docker-compose.
 TRANSACTION_SETTINGS: dict[str, str] = {

@@ -37,7 +37,16 @@ from pathlib import Path
 
 from kafka2pc.testing._settings import DEFAULT_KAFKA_VERSION, broker_settings
 
-__all__ = ["BrokerError", "LocalKafka", "cache_dir", "fetch_kafka", "port_base"]
+__all__ = [
+    "DEFAULT_KAFKA_VERSION",
+    "KAFKA_TOOLS_VERSION",
+    "BrokerError",
+    "LocalKafka",
+    "cache_dir",
+    "fetch_kafka",
+    "fetch_kafka_tools",
+    "port_base",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -114,29 +123,54 @@ def _major(version: str) -> int:
     return int(version.split(".")[0])
 
 
-def fetch_kafka(version: str) -> Path:
-    """Download Kafka ``version`` and its dependencies from Maven Central; return the libs dir.
+def _minor(version: str) -> int:
+    return int(version.split(".")[1])
 
-    Idempotent: a complete download (marked by a ``.complete`` file) is reused.
+
+KAFKA_TOOLS_VERSION = "4.3.1"
+"""Newest release of Apache Kafka's command-line tools (``kafka-tools``) on Maven Central.
+
+Maven Central has no ``kafka-tools`` for 4.4.0.  The tools are clients, so this
+release talks to brokers of every line; kafka2pc itself never needs them (its
+tests cross-check the CLI against ``TransactionsCommand``).
+"""
+
+
+def fetch_kafka(version: str) -> Path:
+    """Download the Kafka ``version`` broker and its dependencies from Maven Central; return the libs dir.
+
+    Only the broker (``kafka_2.13``) is fetched: the local broker needs no
+    command-line tools (see :func:`fetch_kafka_tools`).  Idempotent: a complete
+    download (marked by a ``.complete`` file) is reused.
     """
-    libs = cache_dir() / "maven" / version / "libs"
+    deps = [("org.apache.kafka", "kafka_2.13", version)]
+    if _major(version) >= 4:
+        # 4.x logs through log4j2 but ships only the slf4j 1.x API: add its binding.
+        deps.append(("org.apache.logging.log4j", "log4j-slf4j-impl", "2.25.4"))
+    return _maven_fetch(cache_dir() / "maven" / version / "libs", deps, f"Kafka {version}")
+
+
+def fetch_kafka_tools(version: str = KAFKA_TOOLS_VERSION) -> Path:
+    """Download Apache Kafka's command-line tools (``kafka-tools``) ``version``; return the libs dir.
+
+    For cross-checking against Kafka's own ``TransactionsCommand``; nothing in
+    kafka2pc (the broker included) depends on it.
+    """
+    deps = [("org.apache.kafka", "kafka-tools", version)]
+    return _maven_fetch(cache_dir() / "maven" / f"tools-{version}" / "libs", deps, f"kafka-tools {version}")
+
+
+def _maven_fetch(libs: Path, deps: list[tuple[str, str, str]], what: str) -> Path:
     if (libs / ".complete").exists():
         return libs
     if shutil.which("mvn") is None:
         raise BrokerError("Maven ('mvn') is needed to fetch Kafka jars: apt-get install maven")
-    deps = [
-        ("org.apache.kafka", "kafka_2.13", version),
-        ("org.apache.kafka", "kafka-tools", version),
-    ]
-    if _major(version) >= 4:
-        # 4.x logs through log4j2 but ships only the slf4j 1.x API: add its binding.
-        deps.append(("org.apache.logging.log4j", "log4j-slf4j-impl", "2.25.4"))
     project = libs.parent
     project.mkdir(parents=True, exist_ok=True)
     (project / "pom.xml").write_text(
         _POM.format(deps="\n".join(_DEP.format(g=g, a=a, v=v) for g, a, v in deps))
     )
-    logger.info("fetching Kafka %s from Maven Central into %s", version, libs)
+    logger.info("fetching %s from Maven Central into %s", what, libs)
     started = time.monotonic()
     proc = subprocess.run(
         ["mvn", "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}"],
@@ -146,7 +180,7 @@ def fetch_kafka(version: str) -> Path:
     )
     if proc.returncode != 0:
         raise BrokerError(
-            f"Maven could not fetch Kafka {version}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+            f"Maven could not fetch {what}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
         )
     (libs / ".complete").write_text(f"{time.monotonic() - started:.1f}s\n")
     return libs
@@ -156,6 +190,47 @@ def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _port_free(port: int) -> bool:
+    """True when a broker could bind ``127.0.0.1:port`` now.
+
+    Binds as the JVM does (``SO_REUSEADDR``), so a port held by a listener *or*
+    by any other bound socket (an outgoing connection) counts as taken, and a
+    closed connection lingering in TIME_WAIT does not.
+    """
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _default_base_port(version: str, brokers: int) -> int:
+    """First listener port of a cluster of ``version``: one fixed slot per line, inside the block.
+
+    The default version takes ``+92`` (one node) / ``+192`` (three), the 3.x line
+    ``+1092`` / ``+1192`` and other 4.x+ releases ``+1300 + 20 * minor`` (``+10``
+    for three nodes), so the lines CI runs side by side never share a port.
+    """
+    if _major(version) < 4:
+        offset = 1092 if brokers == 1 else 1192
+    elif version == DEFAULT_KAFKA_VERSION:
+        offset = 92 if brokers == 1 else 192
+    else:
+        offset = 1300 + 20 * (_minor(version) % 10) + (0 if brokers == 1 else 10)
+    return port_base() + offset
+
+
+QUORUMLESS_GRACE_S = 5.0
+"""How long ``stop`` lets a node without a controller quorum shut down cleanly before SIGKILL.
+
+A KRaft node asked to stop (SIGTERM) first asks the active controller for a
+controlled shutdown.  With a majority of the voters gone there is no controller
+to answer, and the JVM waits indefinitely, so a short grace replaces the normal one.
+"""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -201,9 +276,7 @@ class LocalKafka:
 
     def __post_init__(self) -> None:
         if not self.base_port:
-            self.base_port = port_base() + (92 if self.brokers == 1 else 192)
-            if _major(self.version) < 4:
-                self.base_port += 1000
+            self.base_port = _default_base_port(self.version, self.brokers)
         if not self.name:
             self.name = f"kafka-{self.version}-{self.brokers}n-{self.base_port}"
         if not self.nodes:
@@ -240,26 +313,39 @@ class LocalKafka:
         return (existing or kafka).start()
 
     def start(self, *, timeout: float = 120.0) -> LocalKafka:
-        """Fetch jars if needed, format storage on first use, start every node, wait until ready."""
+        """Fetch jars if needed, format storage on first use, start every node, wait until ready.
+
+        All or nothing: if any node cannot start (a port taken, a JVM that exits,
+        not ready within ``timeout``), every node of the cluster is killed before
+        :class:`BrokerError` is raised, so a failed start leaves no JVM behind.
+        """
         libs = fetch_kafka(self.version)
-        for node in self.nodes:
-            if _port_open(node.port) or _port_open(node.controller_port):
+        stopped = [n for n in self.nodes if not (n.pid and _pid_alive(n.pid))]
+        for node in stopped:
+            taken = [p for p in (node.port, node.controller_port) if not _port_free(p)]
+            if taken:
                 raise BrokerError(
-                    f"port {node.port} or {node.controller_port} is taken by another process; "
-                    "choose --port"
+                    f"port(s) {taken} of node {node.node_id} are taken by another process; "
+                    "move the block with $KAFKA2PC_PORT_BASE or choose --port"
                 )
         fresh = not self.cluster_id
         if fresh:
             self.cluster_id = _random_cluster_id()
             if self.home.exists():
                 shutil.rmtree(self.home)
-        for node in self.nodes:
-            self._write_config(node)
-            if fresh:
-                self._format(libs, node)
-        for node in self.nodes:
-            self.start_node(node.node_id, wait=False)
-        self.wait_ready(timeout=timeout)
+        try:
+            for node in self.nodes:
+                self._write_config(node)
+                if fresh:
+                    self._format(libs, node)
+            for node in stopped:
+                self.start_node(node.node_id, wait=False)
+            self.wait_ready(timeout=timeout)
+        except BaseException:
+            started = [n.pid for n in self.nodes if n.pid]
+            logger.warning("Kafka %s did not start: killing its nodes (pids %s)", self.name, started)
+            self.stop(kill=True)
+            raise
         return self
 
     def start_node(self, node_id: int, *, wait: bool = True) -> None:
@@ -298,38 +384,54 @@ class LocalKafka:
             self.wait_ready(timeout=120)
 
     def stop_node(self, node_id: int, *, kill: bool = False, timeout: float = 60.0) -> None:
-        """Stop one node: SIGTERM (clean shutdown) or, with ``kill=True``, SIGKILL."""
-        node = self._node(node_id)
-        if node.pid and _pid_alive(node.pid):
-            os.kill(node.pid, signal.SIGKILL if kill else signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while _pid_alive(node.pid) and time.monotonic() < deadline:
-                _reap(node.pid)
-                time.sleep(0.1)
-            if _pid_alive(node.pid):
-                os.kill(node.pid, signal.SIGKILL)
-                time.sleep(0.5)
-                _reap(node.pid)
-        node.pid = 0
-        self._save()
+        """Stop one node: SIGTERM (clean shutdown, SIGKILL after ``timeout``) or, with ``kill=True``, SIGKILL.
+
+        A node left without a controller quorum gets :data:`QUORUMLESS_GRACE_S`
+        instead of ``timeout`` (its clean shutdown cannot finish).
+        """
+        self._terminate([self._node(node_id)], kill=kill, timeout=timeout)
 
     def stop(self, *, kill: bool = False, timeout: float = 60.0) -> None:
-        """Stop every node (data is kept; ``up`` reuses it).
+        """Stop every node (data is kept; ``up`` reuses it); bounded even when the quorum is gone.
 
-        All nodes get the signal at once, so a multi-node cluster does not
-        lose its controller quorum half-way through a clean shutdown.
+        All nodes get SIGTERM at once, so a multi-node cluster does not lose its
+        controller quorum half-way through a clean shutdown.  Nodes still alive
+        after ``timeout`` (or after :data:`QUORUMLESS_GRACE_S` when a majority of
+        the nodes is already down) get SIGKILL.  ``kill=True`` sends SIGKILL at once.
         """
-        sig = signal.SIGKILL if kill else signal.SIGTERM
-        for node in self.nodes:
-            if node.pid and _pid_alive(node.pid):
-                os.kill(node.pid, sig)
-        deadline = time.monotonic() + timeout
-        while any(n.pid and _pid_alive(n.pid) for n in self.nodes) and time.monotonic() < deadline:
-            for node in self.nodes:
-                _reap(node.pid)
-            time.sleep(0.1)
-        for node in self.nodes:
-            self.stop_node(node.node_id, kill=True)  # stragglers
+        self._terminate(self.nodes, kill=kill, timeout=timeout)
+
+    def _terminate(self, nodes: Sequence[_Node], *, kill: bool, timeout: float) -> None:
+        alive = [n for n in nodes if n.pid and _pid_alive(n.pid)]
+        if not kill and alive and self._quorum_gone():
+            logger.info("%s: no controller quorum left; %.0fs for a clean shutdown", self.name, QUORUMLESS_GRACE_S)
+            timeout = min(timeout, QUORUMLESS_GRACE_S)
+        for node in alive:
+            _signal(node.pid, signal.SIGKILL if kill else signal.SIGTERM)
+        if not kill and not _wait_dead([n.pid for n in alive], timeout):
+            stragglers = [n for n in alive if _pid_alive(n.pid)]
+            logger.warning(
+                "%s: node(s) %s still running %.0fs after SIGTERM: SIGKILL",
+                self.name, [n.node_id for n in stragglers], timeout,
+            )
+            for node in stragglers:
+                _signal(node.pid, signal.SIGKILL)
+        if not _wait_dead([n.pid for n in alive], 30.0):
+            raise BrokerError(f"{self.name}: pids {[n.pid for n in alive if _pid_alive(n.pid)]} survive SIGKILL")
+        for node in nodes:
+            node.pid = 0
+        self._save()
+
+    def _quorum_gone(self) -> bool:
+        """True when a clean shutdown cannot reach an active controller.
+
+        Every node is a voter; a quorum needs a strict majority of them alive
+        (nodes stopped together still count: they shut down in parallel).
+        """
+        if len(self.nodes) == 1:
+            return False
+        voters_alive = sum(1 for n in self.nodes if n.pid and _pid_alive(n.pid))
+        return voters_alive <= len(self.nodes) // 2
 
     def wipe(self) -> None:
         """Stop every node and delete the cluster's data."""
@@ -454,11 +556,22 @@ def _random_cluster_id() -> str:
 
 
 def _all_clusters() -> list[LocalKafka]:
+    """Every local cluster whose ports lie in this process's block (see :func:`port_base`).
+
+    Checkouts with another ``$KAFKA2PC_PORT_BASE`` share the cache directory but
+    not the block: their clusters are left alone.
+    """
+    low = port_base()
     clusters = []
     for state in sorted((cache_dir() / "run").glob("*/cluster.json")):
-        data = json.loads(state.read_text())
+        try:
+            data = json.loads(state.read_text())
+        except (OSError, ValueError):
+            continue
         data["nodes"] = [_Node(**n) for n in data["nodes"]]
-        clusters.append(LocalKafka(**data))
+        cluster = LocalKafka(**data)
+        if all(low <= port < low + 2000 for n in cluster.nodes for port in (n.port, n.controller_port)):
+            clusters.append(cluster)
     return clusters
 
 
@@ -469,6 +582,26 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_dead(pids: Sequence[int], timeout: float) -> bool:
+    """Wait until every pid has exited (reaping our own children); False after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid in pids:
+            _reap(pid)
+        if not any(_pid_alive(pid) for pid in pids):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def _java() -> str:
@@ -488,7 +621,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", default=os.environ.get("KAFKA_VERSION", DEFAULT_KAFKA_VERSION))
     parser.add_argument("--brokers", type=int, default=1, help="number of KRaft nodes (1 or 3)")
     parser.add_argument("--port", type=int, default=0, help="first listener port")
-    parser.add_argument("--all", action="store_true", help="with down: stop every local cluster")
+    parser.add_argument(
+        "--all", action="store_true", help="with down: stop every local cluster in this port block ($KAFKA2PC_PORT_BASE)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     kafka = LocalKafka(version=args.version, brokers=args.brokers, base_port=args.port)

@@ -18,16 +18,15 @@ from kafka2pc import ProducerFencedError
 from kafka2pc._control import ControlPlane
 from kafka2pc.cli._errors import ExitCode
 from kafka2pc.testing import drain, end_offsets
-from kafka2pc.testing.broker import DEFAULT_KAFKA_VERSION, LocalKafka, fetch_kafka
+from kafka2pc.testing.broker import LocalKafka, fetch_kafka_tools
 
 
 def transactions_command(local_kafka: LocalKafka | None, bootstrap: str, *args: str) -> list[dict[str, str]]:
-    """Run Apache Kafka's TransactionsCommand; its tab-separated table as dicts."""
-    version = local_kafka.version if local_kafka is not None else DEFAULT_KAFKA_VERSION
+    """Run Apache Kafka's TransactionsCommand (the newest kafka-tools release); its tab-separated table as dicts."""
     java = shutil.which("java")
     assert java is not None, "java is needed for Apache Kafka's TransactionsCommand"
     proc = subprocess.run(
-        [java, "-cp", f"{fetch_kafka(version)}/*", "org.apache.kafka.tools.TransactionsCommand",
+        [java, "-cp", f"{fetch_kafka_tools()}/*", "org.apache.kafka.tools.TransactionsCommand",
          "--bootstrap-server", bootstrap, *args],
         capture_output=True, text=True, timeout=120,
     )

@@ -1,0 +1,65 @@
+"""The Python matrix: ``nox`` (every session), ``nox -s tests-3.10``, ``nox -s docs``.
+
+``tests`` runs, on each supported Python, the unit tests plus an integration
+subset against the real broker and PostgreSQL (the same services the full suite
+uses: ``$KAFKA2PC_PG_ADMIN_URL``, ``$KAFKA2PC_PORT_BASE``, ``$KAFKA_BOOTSTRAP_SERVERS``
+pass through):
+
+- core: crash recovery on every broker line, and the steady-state request count;
+- recipe: the dual-write tests and its crash matrix (SQLite);
+- packaging: sdist -> wheel -> a clean virtualenv on that Python, no extras.
+
+The full suite runs on one Python (``./scripts/test.sh``).  Interpreters are
+taken from ``$PATH`` or, when missing there, from pyenv (``~/.pyenv/versions``).
+Extra arguments go to pytest: ``nox -s tests-3.13 -- -x -k crash``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+
+INTEGRATION_SUBSET = [
+    "tests/core/test_crash_recovery.py",
+    "tests/core/test_steady_state.py",
+    "tests/recipes/test_dual_write.py",
+    "tests/recipes/test_dual_write_crash.py::test_crash_matrix[sqlite]",
+    "tests/testing/test_packaging.py",
+]
+
+nox.options.sessions = ["tests", "docs"]
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+
+
+def _add_pyenv_interpreters() -> None:
+    """Put pyenv's interpreters on ``$PATH`` so nox finds ``python3.X`` without a pyenv shell."""
+    versions = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    extra = []
+    for wanted in PYTHONS:
+        found = sorted(versions.glob(f"{wanted}.*/bin"), key=lambda p: [int(x) for x in p.parent.name.split(".")])
+        if found:
+            extra.append(str(found[-1]))
+    if extra:
+        os.environ["PATH"] = os.pathsep.join([*extra, os.environ.get("PATH", "")])
+
+
+_add_pyenv_interpreters()
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """Unit tests plus the core, recipe and packaging integration subset on this Python."""
+    session.install("-e", ".[test]")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit", *INTEGRATION_SUBSET, *session.posargs)
+
+
+@nox.session(python="3.11")
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with warnings as errors (into ``site/``)."""
+    session.install("-e", ".[docs]")
+    session.run("mkdocs", "build", "--strict", "--quiet", "-d", "site", env={"NO_MKDOCS_2_WARNING": "1"})

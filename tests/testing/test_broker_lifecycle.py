@@ -1,0 +1,113 @@
+"""A failed ``up`` leaves no JVM behind, and ``down`` is bounded when the quorum is gone.
+
+Real three-node KRaft clusters in a corner of this checkout's port block
+(``port_base() + 1700`` and ``+ 1720``), wiped afterwards.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kafka2pc.testing import broker
+from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
+
+
+def _jvms_of(kafka: LocalKafka) -> list[int]:
+    """Pids of every process whose command line names this cluster's directory."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(kafka.home).encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture
+def held_port() -> Iterator[socket.socket]:
+    """A listening socket on node 3's broker port of the cluster at ``port_base() + 1700``."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", port_base() + 1704))
+    sock.listen()
+    yield sock
+    sock.close()
+
+
+def test_up_refuses_a_taken_port_before_starting_anything(held_port: socket.socket) -> None:
+    kafka = LocalKafka(brokers=3, base_port=port_base() + 1700, name=f"lifecycle-taken-{port_base()}")
+    started = time.monotonic()
+    with pytest.raises(BrokerError, match=rf"\[{port_base() + 1704}\] of node 3 are taken"):
+        kafka.start()
+    assert time.monotonic() - started < 5
+    assert _jvms_of(kafka) == []
+
+
+def test_a_failed_up_stops_every_node_it_started(
+    held_port: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The port is taken between the check and the JVM's bind (as an outgoing
+    # connection may take it at any moment): node 3 exits, nodes 1 and 2 are up.
+    monkeypatch.setattr(broker, "_port_free", lambda port: True)
+    kafka = LocalKafka(brokers=3, base_port=port_base() + 1700, name=f"lifecycle-race-{port_base()}")
+    launched: list[int] = []
+    start_node = LocalKafka.start_node
+
+    def recording_start_node(self: LocalKafka, node_id: int, *, wait: bool = True) -> None:
+        start_node(self, node_id, wait=wait)
+        launched.append(self._node(node_id).pid)
+
+    monkeypatch.setattr(LocalKafka, "start_node", recording_start_node)
+    try:
+        with pytest.raises(BrokerError, match=r"node\(s\) \[3\] exited during start-up"):
+            kafka.start(timeout=120)
+        assert len(launched) == 3 and all(launched)
+        assert not [pid for pid in launched if broker._pid_alive(pid)]
+        assert _jvms_of(kafka) == []
+        assert all(n.pid == 0 for n in kafka.nodes)
+        node3 = (kafka.home / "node3" / "server.log").read_text() + (kafka.home / "node3" / "stdout.log").read_text()
+        assert "Address already in use" in node3
+    finally:
+        kafka.wipe()
+
+
+def test_down_is_bounded_when_the_quorum_is_gone() -> None:
+    kafka = LocalKafka(brokers=3, base_port=port_base() + 1720)
+    try:
+        kafka.start(timeout=180)
+        survivor = kafka.nodes[2].pid
+        kafka.stop_node(1, kill=True)
+        kafka.stop_node(2, kill=True)
+        time.sleep(2)  # node 3 notices that its peers are gone
+        assert broker._pid_alive(survivor)
+
+        started = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "kafka2pc.testing.broker", "down", "--brokers", "3", "--port", str(kafka.base_port)],
+            capture_output=True, text=True, timeout=120,
+        )
+        elapsed = time.monotonic() - started
+        assert proc.returncode == 0, proc.stderr
+        assert f"stopped {kafka.name}" in proc.stdout
+        assert elapsed < broker.QUORUMLESS_GRACE_S + 30, elapsed
+        assert not broker._pid_alive(survivor)
+        assert _jvms_of(kafka) == []
+    finally:
+        kafka.wipe()
+
+
+def test_down_all_only_touches_this_port_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other checkouts share the cache directory (and its run/ states) but not the block.
+    monkeypatch.setenv("KAFKA2PC_CACHE", str(tmp_path))
+    mine = LocalKafka(base_port=port_base() + 92, name="mine")
+    theirs = LocalKafka(base_port=port_base() + 2092 if port_base() + 4000 < 32768 else port_base() - 1908, name="theirs")
+    for cluster in (mine, theirs):
+        cluster._save()
+    assert [c.name for c in broker._all_clusters()] == ["mine"]
