@@ -593,7 +593,9 @@ def find_hanging_command(
 @click.option("--partition", required=True, type=click.IntRange(min=0), metavar="N", help="The partition.")
 @click.option("--start-offset", type=click.IntRange(min=0), metavar="OFFSET",
               help="Find the producer by its open transaction's first offset (see describe-producers).")
-@click.option("--producer-id", type=click.IntRange(min=0), metavar="ID", help="The producer id (with --producer-epoch).")
+@click.option(
+    "--producer-id", type=click.IntRange(min=0), metavar="ID", help="The producer id (with --producer-epoch)."
+)
 @click.option("--producer-epoch", type=click.IntRange(min=0), metavar="EPOCH", help="The producer epoch.")
 @click.option("--coordinator-epoch", type=int, default=-1, show_default=True, metavar="EPOCH",
               help="-1 skips the partition leader's coordinator-epoch check, as kafka-transactions.sh does.")

@@ -77,7 +77,8 @@ def judge(
         if desc is None or desc.producer_id != producer.producer_id:
             continue
         if desc.state in _OPEN_STATES and tp in desc.partitions:
-            return False, f"open at its coordinator ({desc.state}); it aborts it when its timeout expires", tid, desc.state
+            reason = f"open at its coordinator ({desc.state}); it aborts it when its timeout expires"
+            return False, reason, tid, desc.state
         return (
             True,
             f"its coordinator has {tid!r} in state {desc.state} without this partition",
@@ -115,7 +116,8 @@ def find_open_transactions(
     found = []
     for tp, producer in candidates:
         hanging, reason, tid, state = judge(tp, producer, tids_by_pid.get(producer.producer_id, []), descriptions)
-        found.append(OpenTransaction(tp, producer, max(0, now - producer.last_timestamp_ms), tid, state, hanging, reason))
+        age_ms = max(0, now - producer.last_timestamp_ms)
+        found.append(OpenTransaction(tp, producer, age_ms, tid, state, hanging, reason))
     return sorted(found, key=lambda o: (o.partition, o.producer.producer_id))
 
 

@@ -80,7 +80,7 @@ def run(ctrl: ControlPlane, policy: Policy[_T]) -> _T:
             answer, error = None, None
             try:
                 answer = _perform(ctrl, request)
-            except Exception as exc:  # handled (or re-raised) by the policy at its yield
+            except Exception as exc:  # noqa: BLE001 - handed to the policy, which handles or re-raises it at its yield
                 error = exc
     finally:
         policy.close()

@@ -36,7 +36,7 @@ import enum
 import logging
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 from kafka2pc._exceptions import (
     HeuristicOutcomeError,
@@ -188,7 +188,7 @@ class Clock:
     """Answer: a monotonic time in seconds."""
 
 
-Request = Union[DescribeTransaction, DescribeProducers, ListTopics, RecordOutcome, EndTxn, Sleep, Clock]
+Request = DescribeTransaction | DescribeProducers | ListTopics | RecordOutcome | EndTxn | Sleep | Clock
 Policy = Generator[Request, Any, _T]
 """A policy generator: yields requests, receives answers, returns its result."""
 

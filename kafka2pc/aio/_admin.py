@@ -62,7 +62,10 @@ class AsyncTransactionAdmin:
     async def list_transactions(
         self, *, min_open_ms: int | None = None, states: Collection[str] = ()
     ) -> list[TransactionInfo]:
-        """Transactions across the cluster, oldest first (filters as :meth:`kafka2pc.TransactionAdmin.list_transactions`)."""
+        """Transactions across the cluster, oldest first.
+
+        Filters as :meth:`kafka2pc.TransactionAdmin.list_transactions`.
+        """
         return await self._call(
             functools.partial(self._sync.list_transactions, min_open_ms=min_open_ms, states=states)
         )

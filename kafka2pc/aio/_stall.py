@@ -54,7 +54,8 @@ class StallReport:
     def summary(self) -> str:
         """One line: ticks, p50/p99/max lateness in milliseconds, slow callbacks."""
         return (
-            f"{self.ticks} ticks in {self.elapsed:.2f} s, stalled {self.stalled_fraction:.1%}, lateness p50 {self.percentile(0.5) * 1e3:.2f} ms, "
+            f"{self.ticks} ticks in {self.elapsed:.2f} s, stalled {self.stalled_fraction:.1%}, "
+            f"lateness p50 {self.percentile(0.5) * 1e3:.2f} ms, "
             f"p99 {self.percentile(0.99) * 1e3:.2f} ms, max {self.max_stall * 1e3:.2f} ms"
             + (f", slowest callback {max(self.slow_callbacks)}" if self.slow_callbacks else "")
         )

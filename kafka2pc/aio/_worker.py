@@ -68,7 +68,9 @@ class SerialWorker:
         """The worker thread (calls run there, never on the loop)."""
         return self._thread
 
-    def submit(self, loop: asyncio.AbstractEventLoop, fn: Callable[[], _T], done: Callable[[], None]) -> asyncio.Future[_T]:
+    def submit(
+        self, loop: asyncio.AbstractEventLoop, fn: Callable[[], _T], done: Callable[[], None]
+    ) -> asyncio.Future[_T]:
         """Queue ``fn``; return a loop future for its result.
 
         ``done`` runs on the loop thread once ``fn`` has finished, whether or

@@ -622,7 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--brokers", type=int, default=1, help="number of KRaft nodes (1 or 3)")
     parser.add_argument("--port", type=int, default=0, help="first listener port")
     parser.add_argument(
-        "--all", action="store_true", help="with down: stop every local cluster in this port block ($KAFKA2PC_PORT_BASE)"
+        "--all",
+        action="store_true",
+        help="with down: stop every local cluster in this port block ($KAFKA2PC_PORT_BASE)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
