@@ -2,7 +2,9 @@
 
 Run as ``python _spark_driver.py '<json config>'``; the test SIGKILLs its process
 group (this Python process and the Spark JVM it launched) at a crash point the
-sink announces through ``$KAFKA2PC_SPARK_FAULTS`` (``crash_marker``).  When the
+test names in ``$K2PC_SPARK_TEST_CRASH`` (``crash_at``, ``crash_batch``,
+``crash_marker``): the sink's ``on_step`` hook writes the marker file there and
+blocks until the test kills the process group.  When the
 query has finished, it writes the sink's metrics as JSON to ``metrics_path``.
 
 Config keys: ``bootstrap``, ``out_topic``, ``checkpoint``, ``source``
@@ -20,6 +22,28 @@ import logging
 import os
 import sys
 import threading
+import time
+
+
+def crash_hook():  # type: ignore[no-untyped-def]
+    """The sink's ``on_step`` hook from ``$K2PC_SPARK_TEST_CRASH``: at the named step, mark and block."""
+    text = os.environ.get("K2PC_SPARK_TEST_CRASH", "").strip()
+    if not text:
+        return None
+    faults = json.loads(text)
+
+    def on_step(step, batch_id):  # type: ignore[no-untyped-def]
+        if step.value != faults["crash_at"]:
+            return
+        if faults.get("crash_batch") is not None and faults["crash_batch"] != batch_id:
+            return
+        logging.getLogger(__name__).warning("crash point %s of batch %d", step.value, batch_id)
+        with open(faults["crash_marker"], "w") as marker:
+            marker.write(f"{step.value} {batch_id}\n")
+        while True:  # the test SIGKILLs the process group (JVM included)
+            time.sleep(60)
+
+    return on_step
 
 
 def main() -> None:
@@ -47,7 +71,7 @@ def main() -> None:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
 
-    sink = KafkaTwoPhaseSink({"bootstrap.servers": cfg["bootstrap"]}, topic=cfg["out_topic"])
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": cfg["bootstrap"]}, topic=cfg["out_topic"], on_step=crash_hook())
     done = threading.Event()
 
     if cfg["source"] == "rate":

@@ -95,9 +95,9 @@ def start_driver(
     env = dict(os.environ)
     env[RUN_ENV] = run_id
     env["PYSPARK_PYTHON"] = sys.executable
-    env.pop("KAFKA2PC_SPARK_FAULTS", None)
+    env.pop("K2PC_SPARK_TEST_CRASH", None)
     if faults is not None:
-        env["KAFKA2PC_SPARK_FAULTS"] = json.dumps(faults)
+        env["K2PC_SPARK_TEST_CRASH"] = json.dumps(faults)
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, str(DRIVER), json.dumps(full)],

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def spark() -> Iterator[SparkSession]:
     """A local SparkSession shared by the in-process tests."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.pop("KAFKA2PC_SPARK_FAULTS", None)
+    os.environ.pop("K2PC_SPARK_TEST_CRASH", None)
     from pyspark.sql import SparkSession
 
     session = (
