@@ -62,9 +62,12 @@ from kafka2pc.recipes.spark._values import (
     PartitionResult,
     SinkCompletionError,
     SinkDecision,
+    SinkRepairError,
     SinkStep,
     SinkTransaction,
+    SinkWriteError,
     StepHook,
+    UnknownTopicError,
 )
 
 __all__ = [
@@ -78,12 +81,15 @@ __all__ = [
     "PartitionResult",
     "SinkCompletionError",
     "SinkDecision",
+    "SinkRepairError",
     "SinkStep",
     "SinkTransaction",
+    "SinkWriteError",
     "StepHook",
     "TaskHook",
     "TaskPoint",
     "TaskStep",
+    "UnknownTopicError",
     "WriterSpec",
     "write_partition",
 ]

@@ -12,16 +12,16 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from kafka2pc._control import ControlPlane
-from kafka2pc._exceptions import UsageError
+from kafka2pc._exceptions import Kafka2pcError, UsageError
 from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
-from kafka2pc._recovery import Decision, TransactionOutcome, outcome_of, settle
+from kafka2pc.recipes.spark._completion import Completion, complete, repair_mismatch, settle_open
 from kafka2pc.recipes.spark._executor import ArrowWriter, TaskHook, WriterSpec
-from kafka2pc.recipes.spark._session import local_path, qualify, running_query_checkpoint
+from kafka2pc.recipes.spark._session import local_path, qualify, running_query_checkpoint, running_query_id
 from kafka2pc.recipes.spark._store import DecisionStore, HadoopDecisionStore, LocalDecisionStore
 from kafka2pc.recipes.spark._values import (
     RESULT_COLUMNS,
@@ -30,9 +30,12 @@ from kafka2pc.recipes.spark._values import (
     PartitionResult,
     SinkCompletionError,
     SinkDecision,
+    SinkRepairError,
     SinkStep,
     SinkTransaction,
+    SinkWriteError,
     StepHook,
+    UnknownTopicError,
 )
 
 if TYPE_CHECKING:
@@ -45,10 +48,15 @@ _NAME_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,120}")
 
 
 @dataclass
-class _Completion:
-    committed: int = 0
-    strays_aborted: int = 0
-    aborted: list[int] = field(default_factory=list)
+class _Binding:
+    """The sink's state for one query (one checkpoint): its ids, its decisions, its lock."""
+
+    checkpoint: str | None
+    sink_id: str
+    transactional_id_base: str
+    store: DecisionStore
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    recovered: bool = False
 
 
 class KafkaTwoPhaseSink:
@@ -67,6 +75,17 @@ class KafkaTwoPhaseSink:
     sink uses at most that many transactional ids, reused by every batch
     (each distinct id costs broker memory until
     ``transactional.id.expiration.ms``).
+
+    One sink object may serve several queries, one after the other or at the
+    same time: each query (each checkpoint) gets its own sink id, decisions
+    and lock.  Only a sink built with an explicit ``checkpoint_location``,
+    ``sink_id`` or ``decision_store`` is tied to one query; another query
+    calling it gets a :class:`~kafka2pc.UsageError`.
+
+    ``faults`` (a :data:`TaskHook`, e.g. :class:`FaultInjection`) and
+    ``on_step`` (a :data:`StepHook`) are testing and tracing aids: the first
+    is pickled to the executors and called at each :class:`TaskStep` of a
+    task, the second is called on the driver at each :class:`SinkStep`.
 
     ``sink.metrics`` holds the last ``metrics_history`` :class:`BatchMetrics`;
     ``sink.last_batch_metrics`` the newest.  Call :meth:`recover` to settle
@@ -119,30 +138,34 @@ class KafkaTwoPhaseSink:
         self._metrics: deque[BatchMetrics] = deque(maxlen=max(1, metrics_history))
         self._ctrl: ControlPlane | None = None
         self._txn_timeout_ms: int | None = None
-        self._recovered = False
-        self._lock = threading.Lock()
+        self._topic_checked = False
+        self._bindings: dict[str, _Binding] = {}
+        self._by_query: dict[str, _Binding] = {}
+        self._current: _Binding | None = None
+        self._lock = threading.Lock()  # guards the bindings and the lazily built shared state
 
     # -- public -----------------------------------------------------------------
     @property
     def sink_id(self) -> str | None:
-        """The sink id (known after the first batch when derived from the checkpoint)."""
-        return self._sink_id
+        """The sink id of the query served last (known after its first batch when derived from the checkpoint)."""
+        return self._current.sink_id if self._current is not None else self._sink_id
 
     @property
     def transactional_id_base(self) -> str:
-        """``<prefix><sink id>``; partition ``p`` writes under ``<base>-<p>``."""
-        if self._sink_id is None:
+        """``<prefix><sink id>``; partition ``p`` writes under ``<base>-<p>`` (the query served last)."""
+        sink_id = self.sink_id
+        if sink_id is None:
             raise UsageError("the sink id is not known before the first batch (pass sink_id=...)")
-        return f"{self._prefix}{self._sink_id}"
+        return f"{self._prefix}{sink_id}"
 
     @property
     def decision_store(self) -> DecisionStore | None:
-        """Where decisions are stored (known after the first batch unless given)."""
-        return self._store
+        """Where the decisions of the query served last are stored (known after its first batch unless given)."""
+        return self._current.store if self._current is not None else self._store
 
     @property
     def metrics(self) -> list[BatchMetrics]:
-        """Metrics of the recent batches, oldest first."""
+        """Metrics of the recent batches (of every query served), oldest first."""
         return list(self._metrics)
 
     @property
@@ -152,20 +175,30 @@ class KafkaTwoPhaseSink:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Write micro-batch ``batch_id`` exactly once (the ``foreachBatch`` entry point)."""
-        with self._lock:
-            self._run_batch(df, int(batch_id))
+        binding = self._binding_for(df.sparkSession)
+        with binding.lock:
+            self._current = binding
+            self._run_batch(binding, df, int(batch_id))
 
     def recover(self, spark: SparkSession | None = None) -> int:
         """Settle every open transaction of this sink with the last durable decision; return how many.
 
-        Runs automatically before the first batch of every driver process.
+        With ``spark``, the query (checkpoint) it names; without, every query
+        this sink has served.  Runs automatically before the first batch of
+        every query in every driver process.
         """
-        if self._store is None or self._sink_id is None:
-            if spark is None:
+        if spark is not None:
+            bindings = [self._binding_for(spark)]
+        else:
+            with self._lock:
+                bindings = list(self._bindings.values())
+            if not bindings:
                 raise UsageError("recover() needs the SparkSession before the first batch")
-            self._bind(spark)
-        settled = self._settle_leftovers()
-        self._recovered = True
+        settled = 0
+        for binding in bindings:
+            with binding.lock:
+                settled += self._settle_leftovers(binding)
+                binding.recovered = True
         return settled
 
     def close(self) -> None:
@@ -175,18 +208,15 @@ class KafkaTwoPhaseSink:
             self._ctrl = None
 
     # -- one batch -------------------------------------------------------------------
-    def _run_batch(self, df: DataFrame, batch_id: int) -> None:
+    def _run_batch(self, b: _Binding, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        if self._store is None or self._sink_id is None:
-            self._bind(df.sparkSession)
-        store = self._require_store()
-        existing = store.get(batch_id)
+        existing = b.store.get(batch_id)
         if existing is not None:
             logger.info("batch %d: replayed; decision revision %d exists: completing it, not writing again",
                         batch_id, existing.revision)
             t0 = time.monotonic()
-            final, completion, repaired = self._complete_with_repair(df, existing)
-            self._recovered = True
+            final, completion, repaired = self._complete_with_repair(b, df, existing)
+            b.recovered = True
             now = time.monotonic()
             self._record(BatchMetrics(
                 batch_id, True, sum(t.records for t in final.transactions), len(final.transactions), 0,
@@ -196,28 +226,30 @@ class KafkaTwoPhaseSink:
             return
         t0 = time.monotonic()
         leftovers = 0
-        if not self._recovered:
-            leftovers = self._settle_leftovers()
-            self._recovered = True
+        if not b.recovered:
+            leftovers = self._settle_leftovers(b)
+            b.recovered = True
+        self._check_topic_option()
         settle_s = time.monotonic() - t0
         t1 = time.monotonic()
-        results = self._write(df, batch_id)
+        results = self._write(b, df, batch_id)
         write_s = time.monotonic() - t1
         self._step(SinkStep.AFTER_PREPARE, batch_id)
         t2 = time.monotonic()
         decision = SinkDecision(
-            self._require_sink_id(), batch_id, 0,
-            tuple(SinkTransaction(r.partition, r.transactional_id, r.state, r.records) for r in results),
+            b.sink_id, batch_id, 0,
+            tuple(SinkTransaction(r.partition, r.transactional_id, r.state, r.records, r.fingerprint)
+                  for r in results),
             int(time.time() * 1000),
         )
-        store.put(decision)
+        b.store.put(decision)
         decision_s = time.monotonic() - t2
         self._step(SinkStep.AFTER_DECISION, batch_id)
         t3 = time.monotonic()
-        final, completion, repaired = self._complete_with_repair(df, decision)
+        final, completion, repaired = self._complete_with_repair(b, df, decision)
         now = time.monotonic()
         if batch_id % 10 == 0:
-            self._purge(batch_id)
+            self._purge(b, batch_id)
         self._record(BatchMetrics(
             batch_id, False, sum(t.records for t in final.transactions), len(final.transactions), len(results),
             completion.committed, completion.strays_aborted, leftovers, tuple(repaired),
@@ -228,16 +260,38 @@ class KafkaTwoPhaseSink:
         ))
 
     def _write(
-        self, df: DataFrame, batch_id: int, only_partitions: frozenset[int] | None = None
+        self, b: _Binding, df: DataFrame, batch_id: int, *, repair: bool = False,
+        only_partitions: frozenset[int] | None = None, named: Mapping[str, SinkTransaction] | None = None,
     ) -> list[PartitionResult]:
+        """Run the Spark job that writes and prepares; return one result per non-empty partition.
+
+        If the job fails, every transaction it prepared is aborted before the
+        error propagates: nothing was decided for them (``named``, the
+        transactions a decision names, are kept), so that is always safe, and
+        it keeps a failed batch from holding back ``read_committed`` readers
+        until the transaction timeout.
+        """
+        from pyspark.sql import functions as sql
+
         columns = self._columns(df)
+        # Each row's hash, computed in the JVM (cheap); the tasks sum them into the
+        # partition's fingerprint, which a repair compares (see repair_mismatch).
+        hashed = [sql.col(c) for c in columns] + [sql.isnull(c) for c in columns if c in ("key", "value")]
         spec = WriterSpec(
-            producer_config=self._executor_config(), transactional_id_base=self.transactional_id_base,
+            producer_config=self._executor_config(), transactional_id_base=b.transactional_id_base,
             topic=self._topic, columns=columns, batch_id=batch_id, only_partitions=only_partitions,
-            task_hook=self._task_hook if only_partitions is None else None,
+            task_hook=None if repair else self._task_hook, fingerprint_column=_FINGERPRINT_COLUMN,
         )
         writer: Any = ArrowWriter(spec)
-        rows = df.select(*columns).coalesce(self._max_transactions).mapInArrow(writer, RESULT_DDL).collect()
+        job = (
+            df.select(*columns, sql.xxhash64(*hashed).alias(_FINGERPRINT_COLUMN))
+            .coalesce(self._max_transactions).mapInArrow(writer, RESULT_DDL)
+        )
+        try:
+            rows = job.collect()
+        except Exception as exc:
+            aborted = self._abort_undecided(b, batch_id, named)
+            raise _job_error(batch_id, exc, aborted) from exc
         results = sorted(
             (PartitionResult(**{name: row[name] for name in RESULT_COLUMNS}) for row in rows),
             key=lambda r: r.partition,
@@ -247,13 +301,30 @@ class KafkaTwoPhaseSink:
             raise SinkCompletionError(f"batch {batch_id}: more than one result for a partition: {seen}")
         return results
 
+    def _abort_undecided(self, b: _Binding, batch_id: int, named: Mapping[str, SinkTransaction] | None) -> int:
+        if named is None:
+            latest = b.store.latest()
+            named = latest.by_transactional_id() if latest is not None else {}
+        ctrl = self._control_plane()
+        aborted = settle_open(ctrl, b.transactional_id_base, named)
+        # A task Spark had launched before the job failed may still open its
+        # transaction after the first sweep (the sweep fences every producer
+        # it finds, not one that starts later); Spark kills such tasks' Python
+        # workers within spark.python.task.killTimeout (2 s): sweep once more.
+        time.sleep(_SECOND_SWEEP_S)
+        aborted += settle_open(ctrl, b.transactional_id_base, named)
+        logger.warning("batch %d failed before its decision: aborted %d prepared transactions", batch_id, aborted)
+        return aborted
+
     def _complete_with_repair(
-        self, df: DataFrame, decision: SinkDecision
-    ) -> tuple[SinkDecision, _Completion, list[int]]:
+        self, b: _Binding, df: DataFrame, decision: SinkDecision
+    ) -> tuple[SinkDecision, Completion, list[int]]:
         repaired: list[int] = []
-        total = _Completion()
+        total = Completion()
+        ctrl = self._control_plane()
         for round_ in range(self._max_repairs + 1):
-            completion = self._complete(decision)
+            completion = complete(ctrl, b.transactional_id_base, decision,
+                                  lambda: self._step(SinkStep.MID_COMPLETION, decision.batch_id))
             total.committed += completion.committed
             total.strays_aborted += completion.strays_aborted
             if not completion.aborted:
@@ -266,159 +337,120 @@ class KafkaTwoPhaseSink:
                 "re-initialised the id, or the transaction timed out): writing them again",
                 decision.batch_id, sorted(lost),
             )
-            results = {r.partition: r for r in self._write(df, decision.batch_id, only_partitions=lost)}
-            if set(results) != set(lost):
-                raise SinkCompletionError(
-                    f"batch {decision.batch_id}: repair of partitions {sorted(lost)} returned {sorted(results)}; "
-                    "the batch's input is not deterministic"
-                )
-            decision = SinkDecision(
-                decision.sink_id, decision.batch_id, decision.revision + 1,
-                tuple(
-                    SinkTransaction(t.partition, t.transactional_id, results[t.partition].state,
-                                    results[t.partition].records)
-                    if t.partition in results else t
-                    for t in decision.transactions
-                ),
-                int(time.time() * 1000),
-            )
-            self._require_store().put(decision)
+            decision = self._repair(b, df, decision, lost)
             repaired.extend(sorted(lost))
         raise SinkCompletionError(
             f"batch {decision.batch_id}: partitions {completion.aborted} still aborted after "
             f"{self._max_repairs} repairs"
         )
 
-    def _complete(self, decision: SinkDecision) -> _Completion:
-        """Commit every transaction the decision names; abort every other open one of this sink."""
-        ctrl = self._control_plane()
-        result = _Completion()
-        unknown: list[SinkTransaction] = []
-        ended: list[str] = []
-        for i, txn in enumerate(decision.transactions):
-            settlement = settle(ctrl, txn.transactional_id, txn.prepared_state, raise_on_heuristic=False)
-            if settlement.plan.decision is not Decision.NOTHING:
-                ended.append(txn.transactional_id)
-            if settlement.outcome is TransactionOutcome.COMMITTED:
-                result.committed += 1
-            elif settlement.outcome is TransactionOutcome.ABORTED:
-                result.aborted.append(txn.partition)
-            elif settlement.outcome is not TransactionOutcome.NONE:
-                unknown.append(txn)
-            if i == 0:
-                self._step(SinkStep.MID_COMPLETION, decision.batch_id)
-        self._await_markers(ended)
-        result.strays_aborted = self._settle_open(decision.by_transactional_id())
-        deadline = time.monotonic() + 60
-        while unknown:
-            # The last stable offset was held back (e.g. by a stray we just aborted): ask again.
-            pending = []
-            for txn in unknown:
-                outcome = outcome_of(ctrl, txn.prepared_state)
-                if outcome is TransactionOutcome.COMMITTED:
-                    result.committed += 1
-                elif outcome is TransactionOutcome.ABORTED:
-                    result.aborted.append(txn.partition)
-                else:
-                    pending.append(txn)
-            unknown = pending
-            if unknown and time.monotonic() > deadline:
-                raise SinkCompletionError(
-                    f"batch {decision.batch_id}: the outcome of {[t.state for t in unknown]} stays unknown"
-                )
-            if unknown:
-                time.sleep(0.5)
-        return result
+    def _repair(self, b: _Binding, df: DataFrame, decision: SinkDecision, lost: frozenset[int]) -> SinkDecision:
+        """Write the lost partitions again and record the new states as a new revision of the decision.
 
-    def _await_markers(self, transactional_ids: Iterable[str], timeout_s: float = 10.0) -> None:
-        """Wait until the coordinator has written the commit markers of what we just ended.
-
-        EndTxn answers once the decision is logged (``PrepareCommit``); the
-        markers that make the records readable follow.  Waiting here makes
-        ``time_to_visibility_s`` honest, and it spares the next batch's tasks:
-        an ``init_transactions`` that arrives during ``PrepareCommit`` gets
-        CONCURRENT_TRANSACTIONS, and librdkafka retries only after about 0.5 s.
+        When every decided transaction was aborted, nothing of the batch is
+        visible, and the whole batch is written again in whatever partitioning
+        the replay has (its total content must match).  Otherwise only the lost
+        partitions are written, and every partition of the replay must match
+        what the decision recorded: a different cut would lose or duplicate rows.
         """
-        ctrl = self._control_plane()
-        deadline = time.monotonic() + timeout_s
-        for tid in transactional_ids:
-            while True:
-                desc = ctrl.describe_transaction(tid)
-                if desc is None or desc.state not in ("PrepareCommit", "PrepareAbort"):
-                    break
-                if time.monotonic() > deadline:
-                    logger.warning("%s still %s after %.0fs", tid, desc.state, timeout_s)
-                    break
-                time.sleep(0.005)
+        whole = lost == {t.partition for t in decision.transactions}
+        named = decision.by_transactional_id()
+        replay = self._write(
+            b, df, decision.batch_id, repair=True, only_partitions=None if whole else lost, named=named
+        )
+        problem = repair_mismatch(decision.transactions, replay, whole)
+        if problem is not None:
+            settle_open(self._control_plane(), b.transactional_id_base, named)  # what the replay prepared
+            raise SinkRepairError(_repair_refusal(decision, lost, problem, b))
+        written = {r.partition: r for r in replay if r.written}
+        if whole:
+            transactions = tuple(
+                SinkTransaction(r.partition, r.transactional_id, r.state, r.records, r.fingerprint)
+                for r in written.values()
+            )
+        else:
+            transactions = tuple(
+                SinkTransaction(t.partition, t.transactional_id, written[t.partition].state,
+                                written[t.partition].records, written[t.partition].fingerprint)
+                if t.partition in lost else t
+                for t in decision.transactions
+            )
+        repaired = SinkDecision(decision.sink_id, decision.batch_id, decision.revision + 1, transactions,
+                                int(time.time() * 1000))
+        b.store.put(repaired)
+        return repaired
 
-    def _settle_open(self, named: Mapping[str, SinkTransaction]) -> int:
-        """Settle every open transaction under this sink's ids: commit it if ``named`` names it, else abort it.
-
-        A transaction no decision names (a crashed run's, a zombie attempt's)
-        is aborted with KIP-939's ``forceTerminateTransaction`` (InitProducerId),
-        which also bumps the epoch and so fences a zombie producer still
-        running.  Returns how many transactions were aborted.
-        """
-        ctrl = self._control_plane()
-        pattern = re.compile(re.escape(self.transactional_id_base) + r"-(\d+)")
-        aborted = 0
-        for listing in ctrl.list_transactions(states=["Ongoing"]):
-            tid = listing.transactional_id
-            if not pattern.fullmatch(tid):
-                continue
-            txn = named.get(tid)
-            if txn is not None:
-                settlement = settle(ctrl, tid, txn.prepared_state, raise_on_heuristic=False)
-                logger.info("settled open transaction of %s: %s (%s)", tid, settlement.plan.decision.value,
-                            settlement.plan.reason)
-                if settlement.plan.decision is Decision.ABORT:
-                    aborted += 1
-                continue
-            desc = ctrl.describe_transaction(tid)
-            if desc is None or desc.state != "Ongoing":
-                continue
-            ctrl.init_producer_id(tid, transaction_timeout_ms=desc.timeout_ms if desc.timeout_ms > 0 else 60_000)
-            aborted += 1
-            logger.info("aborted and fenced the undecided transaction of %s (producer %d, epoch %d)",
-                        tid, desc.producer_id, desc.producer_epoch)
-        return aborted
-
-    def _settle_leftovers(self) -> int:
+    def _settle_leftovers(self, b: _Binding) -> int:
         """Before writing anything: commit what the last decision names, abort every other open transaction."""
-        latest = self._require_store().latest()
-        return self._settle_open(latest.by_transactional_id() if latest is not None else {})
+        latest = b.store.latest()
+        return settle_open(self._control_plane(), b.transactional_id_base,
+                           latest.by_transactional_id() if latest is not None else {})
+
+    def _check_topic_option(self) -> None:
+        """Fail fast, naming it, if the ``topic`` option names a topic the cluster does not have."""
+        if self._topic is None or self._topic_checked:
+            return
+        if self._topic not in self._control_plane().topic_names():
+            raise UnknownTopicError(f"topic {self._topic!r} (the sink's topic option) does not exist")
+        self._topic_checked = True
 
     # -- helpers ---------------------------------------------------------------
-    def _bind(self, spark: SparkSession) -> None:
-        """Resolve the checkpoint location, the sink id and the decision store (first batch)."""
-        if self._store is not None and self._sink_id is not None:
-            return
-        checkpoint = self._resolve_checkpoint(spark)
-        if self._sink_id is None:
-            self._sink_id = "q" + hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
-        if self._store is None:
-            directory = f"{checkpoint.rstrip('/')}/kafka2pc/{self._sink_id}"
-            if directory.startswith("file:"):
-                self._store = LocalDecisionStore(local_path(directory))
-            else:
-                self._store = HadoopDecisionStore(spark, directory)
-        logger.info("sink %s: transactional ids %s-<partition>, decisions in %s", self._sink_id,
-                    self.transactional_id_base, self._store.location)
+    def _binding_for(self, spark: SparkSession) -> _Binding:
+        """The sink's state for the query calling us; created on its first batch (or refused)."""
+        query_id = running_query_id(spark)
+        with self._lock:
+            if query_id is not None and query_id in self._by_query:
+                return self._by_query[query_id]
+            checkpoint = self._resolve_checkpoint(spark)
+            key = checkpoint.rstrip("/") if checkpoint is not None else ""
+            binding = self._bindings.get(key)
+            if binding is None:
+                binding = self._new_binding(spark, checkpoint)
+                self._bindings[key] = binding
+            if query_id is not None:
+                self._by_query[query_id] = binding
+            return binding
 
-    def _resolve_checkpoint(self, spark: SparkSession) -> str:
+    def _new_binding(self, spark: SparkSession, checkpoint: str | None) -> _Binding:
+        if self._bindings and (self._sink_id is not None or self._store is not None):
+            (other,) = self._bindings.values()
+            given = "sink_id" if self._sink_id is not None else "decision_store"
+            raise UsageError(
+                f"this sink was created with {given}=... and serves the query with checkpoint {other.checkpoint}; "
+                f"another query (checkpoint {checkpoint}) would share its transactional ids or decisions and "
+                "lose rows: create one KafkaTwoPhaseSink per query, or let the sink derive the sink id and the "
+                "decision store from each query's checkpoint"
+            )
+        if checkpoint is None and (self._sink_id is None or self._store is None):
+            raise UsageError(
+                "cannot find the query's checkpoint location: pass checkpoint_location=... (the same "
+                "path as the query's checkpointLocation option)"
+            )
+        sink_id = self._sink_id
+        if sink_id is None:
+            assert checkpoint is not None
+            sink_id = "q" + hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
+        store = self._store
+        if store is None:
+            assert checkpoint is not None
+            directory = f"{checkpoint.rstrip('/')}/kafka2pc/{sink_id}"
+            store = (LocalDecisionStore(local_path(directory)) if directory.startswith("file:")
+                     else HadoopDecisionStore(spark, directory))
+        binding = _Binding(checkpoint, sink_id, f"{self._prefix}{sink_id}", store)
+        logger.info("sink %s: transactional ids %s-<partition>, decisions in %s", sink_id,
+                    binding.transactional_id_base, store.location)
+        return binding
+
+    def _resolve_checkpoint(self, spark: SparkSession) -> str | None:
         running = running_query_checkpoint(spark)
         if self._checkpoint_location is None:
-            if running is None:
-                raise UsageError(
-                    "cannot find the query's checkpoint location: pass checkpoint_location=... (the same "
-                    "path as the query's checkpointLocation option)"
-                )
             return running
         given = qualify(spark, self._checkpoint_location)
         if running is not None and running.rstrip("/") != given.rstrip("/"):
             raise UsageError(
                 f"checkpoint_location={self._checkpoint_location!r} ({given}) is not the running query's "
-                f"checkpoint location {running}: decisions must live with the query's checkpoint"
+                f"checkpoint location {running}: decisions must live with the query's checkpoint (a sink "
+                "built with checkpoint_location=... serves that one query only)"
             )
         return given
 
@@ -446,7 +478,7 @@ class KafkaTwoPhaseSink:
     def _executor_config(self) -> dict[str, Any]:
         config = dict(self._config)
         if "transaction.timeout.ms" not in config and "transaction.two.phase.commit.enable" not in config:
-            if self._txn_timeout_ms is None:
+            if self._txn_timeout_ms is None:  # a benign race between queries: both ask, same answer
                 limit = self._control_plane().broker_config(["transaction.max.timeout.ms"]).get(
                     "transaction.max.timeout.ms"
                 )
@@ -470,23 +502,14 @@ class KafkaTwoPhaseSink:
         return config
 
     def _control_plane(self) -> ControlPlane:
-        if self._ctrl is None:
-            self._ctrl = ControlPlane(self._config)
-        return self._ctrl
+        with self._lock:
+            if self._ctrl is None:
+                self._ctrl = ControlPlane(self._config)
+            return self._ctrl
 
-    def _require_store(self) -> DecisionStore:
-        if self._store is None:
-            raise UsageError("the sink is not bound to a checkpoint yet")
-        return self._store
-
-    def _require_sink_id(self) -> str:
-        if self._sink_id is None:
-            raise UsageError("the sink id is not known yet")
-        return self._sink_id
-
-    def _purge(self, batch_id: int) -> None:
+    def _purge(self, b: _Binding, batch_id: int) -> None:
         try:
-            gone = self._require_store().purge(batch_id - self._retain)
+            gone = b.store.purge(batch_id - self._retain)
             if gone:
                 logger.debug("purged %d old decisions", gone)
         except Exception as exc:  # noqa: BLE001 - purging is housekeeping; never fail a batch for it
@@ -506,3 +529,40 @@ class KafkaTwoPhaseSink:
     def _step(self, step: SinkStep, batch_id: int) -> None:
         if self._on_step is not None:
             self._on_step(step, batch_id)
+
+
+_FINGERPRINT_COLUMN: Final = "__kafka2pc_row_hash"
+_SECOND_SWEEP_S: Final = 3.0
+_UNKNOWN_TOPIC_RE: Final = re.compile(r"UnknownTopicError: (topic '[^\n]*)")
+
+
+def _job_error(batch_id: int, exc: Exception, aborted: int) -> Kafka2pcError:
+    """The error a failed write job surfaces as: the task's own message, not a JVM stack trace."""
+    text = str(exc)
+    missing = _UNKNOWN_TOPIC_RE.search(text)
+    if missing is not None:
+        return UnknownTopicError(f"batch {batch_id}: {missing.group(1).strip()}; the {aborted} transactions "
+                                 "the batch had prepared were aborted")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # The Python traceback of the failed task is inside the JVM's message: its
+    # last "SomeError: message" line is the task's own error.
+    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)
+              and not line.startswith(("org.apache.", "java.", "py4j.", "pyspark.errors."))]
+    summary = errors[-1] if errors else (lines[0] if lines else type(exc).__name__)
+    return SinkWriteError(
+        f"batch {batch_id}: the write job failed before the decision ({summary[:500]}); the {aborted} "
+        "transactions it had prepared were aborted"
+    )
+
+
+def _repair_refusal(decision: SinkDecision, lost: frozenset[int], problem: str, b: _Binding) -> str:
+    kept = sorted({t.partition for t in decision.transactions} - lost)
+    return (
+        f"batch {decision.batch_id}: cannot repair: Kafka aborted the decided transactions of partitions "
+        f"{sorted(lost)} (revision {decision.revision}), while partitions {kept} committed, and {problem}. "
+        "Rewriting would lose or duplicate rows, so nothing was written. Restart the query with the "
+        "partitioning of the run that wrote the decision (same number of cores or spark.default.parallelism, "
+        "same spark.sql.files.maxPartitionBytes / openCostInBytes, same input files); the decision is "
+        f"{b.store.location}/{decision.batch_id:019d}.{decision.revision:06d}.json. See docs/spark.md, "
+        "'Repair'."
+    )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kafka2pc._control import ControlPlane
 from kafka2pc._exceptions import UsageError
 from kafka2pc._producer import QueueFullError, TwoPhaseCommitProducer
-from kafka2pc.recipes.spark._values import PartitionResult
+from kafka2pc.recipes.spark._values import PartitionResult, UnknownTopicError, combine_fingerprints
 
 if TYPE_CHECKING:
     import pyarrow as pa  # type: ignore[import-untyped]
@@ -83,7 +83,8 @@ class WriterSpec:
 
     ``only_partitions`` (a repair run) limits writing to those partition
     indexes; the others drain their input.  ``task_hook`` is called at each
-    :class:`TaskStep` (never in repair runs).
+    :class:`TaskStep` (never in repair runs).  ``fingerprint_column`` holds
+    each row's hash; the task sums them into the partition's fingerprint.
     """
 
     producer_config: Mapping[str, Any]
@@ -93,6 +94,8 @@ class WriterSpec:
     batch_id: int
     only_partitions: frozenset[int] | None = None
     task_hook: TaskHook | None = None
+    fingerprint_column: str | None = None
+    """The column with each row's ``xxhash64`` (added by the driver); absent when ``None``."""
 
     def transactional_id(self, partition: int) -> str:
         """The transactional id partition ``partition`` writes under."""
@@ -118,6 +121,43 @@ def _produce_one(producer: TwoPhaseCommitProducer, topic: str, **kwargs: Any) ->
             producer.poll(0.05)
 
 
+_known_topics: set[tuple[str, str]] = set()
+
+
+def require_topics(spec: WriterSpec, topics: Iterable[str | None]) -> None:
+    """Raise :class:`UnknownTopicError` naming the first topic the cluster does not have.
+
+    Without this check librdkafka would hold the record until the topic's
+    metadata propagation timeout (30 s) and then fail without naming it.
+    Known topics are cached per Python worker; an unknown one is looked up
+    once more before it counts as missing.
+    """
+    cluster = str(spec.producer_config.get("bootstrap.servers", ""))
+    missing = {t for t in topics if t is not None and (cluster, t) not in _known_topics}
+    if not missing:
+        return
+    existing = set(_shared_control_plane(spec.producer_config).topic_names())
+    _known_topics.update((cluster, t) for t in existing)
+    for topic in sorted(missing):
+        if topic not in existing:
+            raise UnknownTopicError(f"topic {topic!r} does not exist (batch {spec.batch_id})")
+
+
+def batch_fingerprint(spec: WriterSpec, batch: pa.RecordBatch) -> int:
+    """The sum of the rows' hashes in ``batch`` (exact, as a Python int)."""
+    if spec.fingerprint_column is None:
+        return 0
+    import pyarrow as pa
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    hashes = batch.column(batch.schema.names.index(spec.fingerprint_column))
+    # Split each signed 64-bit hash into a low and an (arithmetic) high half so
+    # that the vectorised int64 sums cannot overflow below 2**31 rows.
+    low = pc.sum(pc.bit_wise_and(hashes, pa.scalar(0xFFFFFFFF, pa.int64()))).as_py() or 0
+    high = pc.sum(pc.shift_right(hashes, pa.scalar(32, pa.int64()))).as_py() or 0
+    return int(low) + (int(high) << 32)
+
+
 def produce_batch(producer: TwoPhaseCommitProducer, spec: WriterSpec, batch: pa.RecordBatch) -> int:
     """Produce one Arrow record batch; return the number of records."""
     names = batch.schema.names
@@ -126,6 +166,8 @@ def produce_batch(producer: TwoPhaseCommitProducer, spec: WriterSpec, batch: pa.
     topics = (
         batch.column(names.index("topic")).to_pylist() if spec.topic is None and "topic" in names else None
     )
+    if topics is not None:
+        require_topics(spec, set(topics))
     partitions = batch.column(names.index("partition")).to_pylist() if "partition" in names else None
     headers = batch.column(names.index("headers")).to_pylist() if "headers" in names else None
     produce = producer.produce
@@ -181,10 +223,9 @@ def write_partition(
     hook = spec.task_hook
     kept: list[pa.RecordBatch] = []
     if spec.only_partitions is not None and partition not in spec.only_partitions:
-        for _ in batches:  # a repair run: drain the input, write nothing
-            pass
-        return None
+        return _read_only(spec, batches, partition, attempt)
     records = 0
+    fingerprint = 0
     started = time.monotonic()
     # Open (init_transactions) before pulling the first rows: the JVM computes the
     # input meanwhile.  (Opening on a helper thread while buffering the first rows
@@ -200,6 +241,7 @@ def write_partition(
                     hook(TaskPoint(TaskStep.OPENED, spec, partition, attempt, (batch,)))
                 kept.append(batch)
             records += produce_batch(producer, spec, batch)
+            fingerprint += batch_fingerprint(spec, batch)
             producer.poll(0)
         if records == 0:
             producer.close()  # nothing was sent: the transaction never reached the coordinator
@@ -216,8 +258,22 @@ def write_partition(
         hook(TaskPoint(TaskStep.PREPARED, spec, partition, attempt, tuple(kept)))
     return PartitionResult(
         partition, attempt, spec.transactional_id(partition), str(state), records,
-        open_s, write_done - started - open_s, prepare_s,
+        open_s, write_done - started - open_s, prepare_s, combine_fingerprints([fingerprint]),
     )
+
+
+def _read_only(
+    spec: WriterSpec, batches: Iterable[pa.RecordBatch], partition: int, attempt: int
+) -> PartitionResult | None:
+    """A repair run's partition that is not rewritten: count and fingerprint its rows, write nothing."""
+    records = 0
+    fingerprint = 0
+    for batch in batches:
+        records += batch.num_rows
+        fingerprint += batch_fingerprint(spec, batch)
+    if records == 0:
+        return None
+    return PartitionResult(partition, attempt, "", "", records, 0.0, 0.0, 0.0, combine_fingerprints([fingerprint]))
 
 
 def _abort_quietly(producer: TwoPhaseCommitProducer) -> None:
@@ -255,5 +311,5 @@ def _result_arrow_schema() -> pa.Schema:
     return pa.schema([
         ("partition", pa.int32()), ("attempt", pa.int32()), ("transactional_id", pa.string()),
         ("state", pa.string()), ("records", pa.int64()), ("open_s", pa.float64()),
-        ("write_s", pa.float64()), ("prepare_s", pa.float64()),
+        ("write_s", pa.float64()), ("prepare_s", pa.float64()), ("fingerprint", pa.string()),
     ])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -27,6 +27,8 @@ class SinkTransaction:
     transactional_id: str
     state: str
     records: int
+    fingerprint: str | None = None
+    """Order-independent hash of the partition's rows (see :func:`combine_fingerprints`); ``None`` in old decisions."""
 
     @property
     def prepared_state(self) -> PreparedTxnState:
@@ -70,7 +72,8 @@ class SinkDecision:
             if obj.get("format") != DECISION_FORMAT:
                 raise ValueError(f"unknown format {obj.get('format')!r}")
             txns = tuple(
-                SinkTransaction(int(t["partition"]), str(t["transactional_id"]), str(t["state"]), int(t["records"]))
+                SinkTransaction(int(t["partition"]), str(t["transactional_id"]), str(t["state"]), int(t["records"]),
+                                None if t.get("fingerprint") is None else str(t["fingerprint"]))
                 for t in obj["transactions"]
             )
             for txn in txns:
@@ -97,13 +100,35 @@ class PartitionResult:
     open_s: float
     write_s: float
     prepare_s: float
+    fingerprint: str = ""
+    """Order-independent hash of the rows (16 hex digits); see :func:`combine_fingerprints`."""
+
+    @property
+    def written(self) -> bool:
+        """``False`` for a partition a repair run only read (to check its rows), wrote nothing for."""
+        return bool(self.state)
 
 
 RESULT_COLUMNS: Final = tuple(f.name for f in dataclasses.fields(PartitionResult))
 RESULT_DDL: Final = (
     "partition int, attempt int, transactional_id string, state string, records long, "
-    "open_s double, write_s double, prepare_s double"
+    "open_s double, write_s double, prepare_s double, fingerprint string"
 )
+
+_MASK64: Final = (1 << 64) - 1
+
+
+def combine_fingerprints(parts: Iterable[str | int]) -> str:
+    """The fingerprint of a union of row sets: the sum of their fingerprints modulo 2**64, as 16 hex digits.
+
+    A row's hash is Spark's ``xxhash64`` of its columns; a set of rows hashes to
+    the sum of its rows' hashes, so the value does not depend on row order or
+    on how the rows are cut into partitions.
+    """
+    total = 0
+    for part in parts:
+        total += int(part, 16) if isinstance(part, str) else part
+    return f"{total & _MASK64:016x}"
 
 
 @dataclass(frozen=True)
@@ -173,3 +198,25 @@ StepHook = Callable[[SinkStep, int], None]
 
 class SinkCompletionError(Kafka2pcError):
     """The sink could not complete a batch's decision (the batch fails; a restart retries it)."""
+
+
+class SinkRepairError(SinkCompletionError):
+    """A repair was refused: the replayed batch does not match what the decision recorded.
+
+    Writing it would lose or duplicate rows, so nothing was written (what the
+    repair prepared is aborted).  The message says what differs and what the
+    operator can do; ``docs/spark.md`` (*Repair*) explains it.
+    """
+
+
+class SinkWriteError(Kafka2pcError):
+    """A batch's write job failed before its decision existed.
+
+    Every transaction it prepared was aborted before this was raised (nothing
+    was decided, so nothing may commit); Spark fails the batch and a restart
+    writes it again.  The cause is chained.
+    """
+
+
+class UnknownTopicError(UsageError):
+    """A row (or the ``topic`` option) names a topic that does not exist; the message names it."""
