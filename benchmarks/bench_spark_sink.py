@@ -73,7 +73,7 @@ def plain_writer(bootstrap: str, topic: str) -> Any:
             names = batch.schema.names
             values = batch.column(names.index("value")).to_pylist()
             keys = batch.column(names.index("key")).to_pylist()
-            for value, key in zip(values, keys):
+            for value, key in zip(values, keys, strict=True):
                 while True:
                     try:
                         producer.produce(topic, value, key)
@@ -138,8 +138,15 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
 def start_spark(master: str, package: str | None) -> Any:
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    if master.startswith("spark://"):  # the standalone cluster of --cluster: two Workers, 2 cores each
+        builder = (
+            builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.executor.memory", "512m").config("spark.executor.cores", "2")
+            .config("spark.cores.max", "4").config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        )
     builder = (
-        SparkSession.builder.master(master)
+        builder.master(master)
         .appName("kafka2pc-bench-spark-sink")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
@@ -161,6 +168,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=2)
     parser.add_argument("--files", type=int, default=8, help="input files (a multiple of --batches)")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--cluster", action="store_true",
+                        help="start a standalone cluster (Master + Workers on 127.0.0.1 and 127.0.0.2, from "
+                             "tests/spark/_standalone.py) and run on it instead of --master")
     parser.add_argument("--baseline", choices=["plain", "builtin"], default="plain",
                         help="what the headline ratio is against (builtin needs Spark's Kafka connector)")
     parser.add_argument("--with-builtin", action="store_true",
@@ -177,6 +187,21 @@ def main() -> None:
 
         args.bootstrap = LocalKafka.up().bootstrap_servers
 
+    cluster = None
+    if args.cluster:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "spark"))
+        from _standalone import start_cluster
+
+        cluster = start_cluster(Path(args.work) / "cluster")
+        args.master = cluster.master_url
+    try:
+        run(args)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def run(args: argparse.Namespace) -> None:
     import pyspark
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -191,7 +216,8 @@ def main() -> None:
             spark = start_spark(args.master, package)
             sinks.insert(0, "builtin")
         except Exception as exc:  # noqa: BLE001 - the connector does not resolve: say so, measure the rest
-            note = f"Spark's Kafka connector {package} did not resolve ({type(exc).__name__}); built-in sink not measured"
+            note = (f"Spark's Kafka connector {package} did not resolve ({type(exc).__name__}); "
+                    "built-in sink not measured")
             print(note, file=sys.stderr)
             from pyspark.sql import SparkSession
 
@@ -266,7 +292,7 @@ def main() -> None:
         "",
     ]
     for base in [b for b in ("builtin", "plain") if b in sinks]:
-        ratios = [o / b for b, o in zip(rates[base], rates["ours"])]
+        ratios = [o / b for b, o in zip(rates[base], rates["ours"], strict=True)]
         base_batch = med(per_batch(base, "add_batch_s"))
         strong = "**" if base == baseline else ""
         lines += [
@@ -295,6 +321,8 @@ def main() -> None:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         line = ".".join(pyspark.__version__.split(".")[:2])
         heading = "Spark sink" if int(line.split(".")[0]) >= 4 else f"Spark sink on PySpark {line}"
+        if args.master.startswith("spark://"):
+            heading += ", standalone cluster (2 Workers)"
         record_section(heading, f"`benchmarks/bench_spark_sink.py`, {stamp}\n\n{text}")
 
 

@@ -29,7 +29,7 @@ from kafka2pc.recipes.spark import (
     WriterSpec,
     write_partition,
 )
-from kafka2pc.recipes.spark._executor import WriterSpec as _WriterSpec  # the name tests used before
+from kafka2pc.recipes.spark._executor import WriterSpec as _WriterSpec  # noqa: F401 - its name before the package
 
 __all__ = [
     "DEFAULT_PREFIX",

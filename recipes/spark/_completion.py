@@ -13,14 +13,18 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from kafka2pc._control import ControlPlane
+from kafka2pc._exceptions import Kafka2pcError
 from kafka2pc._recovery import Decision, TransactionOutcome, outcome_of, settle
 from kafka2pc.recipes.spark._values import (
     PartitionResult,
     SinkCompletionError,
     SinkDecision,
     SinkTransaction,
+    SinkWriteError,
+    UnknownTopicError,
     combine_fingerprints,
 )
 
@@ -174,3 +178,39 @@ def repair_mismatch(
 
 def _describe(rows: Mapping[int, int]) -> str:
     return "{" + ", ".join(f"p{p}: {n} rows" for p, n in sorted(rows.items())) + "}"
+
+
+_UNKNOWN_TOPIC_RE: Final = re.compile(r"UnknownTopicError: (topic '[^\n]*)")
+
+
+def job_error(batch_id: int, exc: Exception, aborted: int) -> Kafka2pcError:
+    """The error a failed write job surfaces as: the task's own message, not a JVM stack trace."""
+    text = str(exc)
+    missing = _UNKNOWN_TOPIC_RE.search(text)
+    if missing is not None:
+        return UnknownTopicError(f"batch {batch_id}: {missing.group(1).strip()}; the {aborted} transactions "
+                                 "the batch had prepared were aborted")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # The Python traceback of the failed task is inside the JVM's message: its
+    # last "SomeError: message" line is the task's own error.
+    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)
+              and not line.startswith(("org.apache.", "java.", "py4j.", "pyspark.errors."))]
+    summary = errors[-1] if errors else (lines[0] if lines else type(exc).__name__)
+    return SinkWriteError(
+        f"batch {batch_id}: the write job failed before the decision ({summary[:500]}); the {aborted} "
+        "transactions it had prepared were aborted"
+    )
+
+
+def repair_refusal(decision: SinkDecision, lost: frozenset[int], problem: str, location: str) -> str:
+    """The message of a refused repair: what differs, and what the operator can do."""
+    kept = sorted({t.partition for t in decision.transactions} - lost)
+    return (
+        f"batch {decision.batch_id}: cannot repair: Kafka aborted the decided transactions of partitions "
+        f"{sorted(lost)} (revision {decision.revision}), while partitions {kept} committed, and {problem}. "
+        "Rewriting would lose or duplicate rows, so nothing was written. Restart the query with the "
+        "partitioning of the run that wrote the decision (same number of cores or spark.default.parallelism, "
+        "same spark.sql.files.maxPartitionBytes / openCostInBytes, same input files); the decision is "
+        f"{location}/{decision.batch_id:019d}.{decision.revision:06d}.json. See docs/spark.md, "
+        "'Repair'."
+    )

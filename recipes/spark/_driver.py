@@ -17,9 +17,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from kafka2pc._control import ControlPlane
-from kafka2pc._exceptions import Kafka2pcError, UsageError
-from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
-from kafka2pc.recipes.spark._completion import Completion, complete, repair_mismatch, settle_open
+from kafka2pc._exceptions import UsageError
+from kafka2pc.recipes.spark._completion import (
+    Completion,
+    complete,
+    job_error,
+    repair_mismatch,
+    repair_refusal,
+    settle_open,
+)
+from kafka2pc.recipes.spark._config import batch_columns, default_transaction_timeout_ms, executor_config
 from kafka2pc.recipes.spark._executor import ArrowWriter, TaskHook, WriterSpec
 from kafka2pc.recipes.spark._session import local_path, qualify, running_query_checkpoint, running_query_id
 from kafka2pc.recipes.spark._store import DecisionStore, HadoopDecisionStore, LocalDecisionStore
@@ -33,7 +40,6 @@ from kafka2pc.recipes.spark._values import (
     SinkRepairError,
     SinkStep,
     SinkTransaction,
-    SinkWriteError,
     StepHook,
     UnknownTopicError,
 )
@@ -291,7 +297,7 @@ class KafkaTwoPhaseSink:
             rows = job.collect()
         except Exception as exc:
             aborted = self._abort_undecided(b, batch_id, named)
-            raise _job_error(batch_id, exc, aborted) from exc
+            raise job_error(batch_id, exc, aborted) from exc
         results = sorted(
             (PartitionResult(**{name: row[name] for name in RESULT_COLUMNS}) for row in rows),
             key=lambda r: r.partition,
@@ -322,9 +328,10 @@ class KafkaTwoPhaseSink:
         repaired: list[int] = []
         total = Completion()
         ctrl = self._control_plane()
+        batch_id = decision.batch_id
         for round_ in range(self._max_repairs + 1):
             completion = complete(ctrl, b.transactional_id_base, decision,
-                                  lambda: self._step(SinkStep.MID_COMPLETION, decision.batch_id))
+                                  lambda: self._step(SinkStep.MID_COMPLETION, batch_id))
             total.committed += completion.committed
             total.strays_aborted += completion.strays_aborted
             if not completion.aborted:
@@ -361,7 +368,7 @@ class KafkaTwoPhaseSink:
         problem = repair_mismatch(decision.transactions, replay, whole)
         if problem is not None:
             settle_open(self._control_plane(), b.transactional_id_base, named)  # what the replay prepared
-            raise SinkRepairError(_repair_refusal(decision, lost, problem, b))
+            raise SinkRepairError(repair_refusal(decision, lost, problem, b.store.location))
         written = {r.partition: r for r in replay if r.written}
         if whole:
             transactions = tuple(
@@ -455,51 +462,17 @@ class KafkaTwoPhaseSink:
         return given
 
     def _columns(self, df: DataFrame) -> tuple[str, ...]:
-        fields = {f.name: f.dataType.simpleString() for f in df.schema.fields}
-        if "value" not in fields:
-            raise UsageError(f"the batch has no 'value' column (columns: {sorted(fields)})")
-        allowed = {
-            "value": {"string", "binary"}, "key": {"string", "binary"}, "topic": {"string"},
-            "partition": {"int"}, "headers": {"array<struct<key:string,value:binary>>"},
-        }
-        columns = []
-        for name, types in allowed.items():
-            if name not in fields:
-                continue
-            if fields[name] not in types:
-                raise UsageError(f"column {name!r} has type {fields[name]}; expected one of {sorted(types)}")
-            if name == "topic" and self._topic is not None:
-                continue  # the option overrides the column, as in Spark's Kafka sink
-            columns.append(name)
-        if self._topic is None and "topic" not in fields:
-            raise UsageError("no 'topic' column and no topic option: where should the rows go?")
-        return tuple(columns)
+        return batch_columns(df, self._topic)
 
     def _executor_config(self) -> dict[str, Any]:
-        config = dict(self._config)
-        if "transaction.timeout.ms" not in config and "transaction.two.phase.commit.enable" not in config:
-            if self._txn_timeout_ms is None:  # a benign race between queries: both ask, same answer
-                limit = self._control_plane().broker_config(["transaction.max.timeout.ms"]).get(
-                    "transaction.max.timeout.ms"
-                )
-                # Within librdkafka's limit (see LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS).
-                self._txn_timeout_ms = (
-                    min(int(limit), LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS) if limit else 900_000
-                )
-            config["transaction.timeout.ms"] = self._txn_timeout_ms
-        # Every task opens a fresh producer, so init_transactions is on every
-        # task's path.  With sparse connections librdkafka drops the bootstrap
-        # connection once metadata names the broker and often reaches the
-        # coordinator only on its 500 ms retry timer (measured: 55-510 ms per
-        # init); with eager connections it takes 3-5 ms.  socket.timeout.ms
-        # follows the transaction timeout (found while a 1 h timeout still made
-        # librdkafka's requests time out at once; the cap above is the cure).
-        if "enable.sparse.connections" not in config:
-            config["enable.sparse.connections"] = False
-            if "socket.timeout.ms" not in config:
-                txn_timeout = int(config.get("transaction.timeout.ms", 60_000))
-                config["socket.timeout.ms"] = max(1_000, min(60_000, txn_timeout - 100))
-        return config
+        if (self._txn_timeout_ms is None and "transaction.timeout.ms" not in self._config
+                and "transaction.two.phase.commit.enable" not in self._config):
+            # A benign race between concurrent queries: both ask, same answer.
+            limit = self._control_plane().broker_config(["transaction.max.timeout.ms"]).get(
+                "transaction.max.timeout.ms"
+            )
+            self._txn_timeout_ms = default_transaction_timeout_ms(limit)
+        return executor_config(self._config, self._txn_timeout_ms)
 
     def _control_plane(self) -> ControlPlane:
         with self._lock:
@@ -533,36 +506,3 @@ class KafkaTwoPhaseSink:
 
 _FINGERPRINT_COLUMN: Final = "__kafka2pc_row_hash"
 _SECOND_SWEEP_S: Final = 3.0
-_UNKNOWN_TOPIC_RE: Final = re.compile(r"UnknownTopicError: (topic '[^\n]*)")
-
-
-def _job_error(batch_id: int, exc: Exception, aborted: int) -> Kafka2pcError:
-    """The error a failed write job surfaces as: the task's own message, not a JVM stack trace."""
-    text = str(exc)
-    missing = _UNKNOWN_TOPIC_RE.search(text)
-    if missing is not None:
-        return UnknownTopicError(f"batch {batch_id}: {missing.group(1).strip()}; the {aborted} transactions "
-                                 "the batch had prepared were aborted")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    # The Python traceback of the failed task is inside the JVM's message: its
-    # last "SomeError: message" line is the task's own error.
-    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)
-              and not line.startswith(("org.apache.", "java.", "py4j.", "pyspark.errors."))]
-    summary = errors[-1] if errors else (lines[0] if lines else type(exc).__name__)
-    return SinkWriteError(
-        f"batch {batch_id}: the write job failed before the decision ({summary[:500]}); the {aborted} "
-        "transactions it had prepared were aborted"
-    )
-
-
-def _repair_refusal(decision: SinkDecision, lost: frozenset[int], problem: str, b: _Binding) -> str:
-    kept = sorted({t.partition for t in decision.transactions} - lost)
-    return (
-        f"batch {decision.batch_id}: cannot repair: Kafka aborted the decided transactions of partitions "
-        f"{sorted(lost)} (revision {decision.revision}), while partitions {kept} committed, and {problem}. "
-        "Rewriting would lose or duplicate rows, so nothing was written. Restart the query with the "
-        "partitioning of the run that wrote the decision (same number of cores or spark.default.parallelism, "
-        "same spark.sql.files.maxPartitionBytes / openCostInBytes, same input files); the decision is "
-        f"{b.store.location}/{decision.batch_id:019d}.{decision.revision:06d}.json. See docs/spark.md, "
-        "'Repair'."
-    )

@@ -184,7 +184,7 @@ def produce_batch(producer: TwoPhaseCommitProducer, spec: WriterSpec, batch: pa.
                 except QueueFullError:
                     _produce_one(producer, topic, value=value)
         else:
-            for value, key in zip(values, keys):
+            for value, key in zip(values, keys, strict=True):
                 try:
                     produce(topic, value, key)
                 except QueueFullError:

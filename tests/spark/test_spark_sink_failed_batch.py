@@ -50,7 +50,8 @@ def test_row_naming_a_missing_topic_fails_fast_names_it_and_leaves_nothing_open(
     missing = f"no-such-topic-{uuid.uuid4().hex[:8]}"
     sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, checkpoint_location=str(tmp_path / "chk"))
     df = spark.range(0, 300, numPartitions=3).selectExpr(
-        f"IF(id = 250, '{missing}', '{out}') AS topic", "CAST(id AS STRING) AS value", "CAST(id % 3 AS INT) AS partition"
+        f"IF(id = 250, '{missing}', '{out}') AS topic", "CAST(id AS STRING) AS value",
+        "CAST(id % 3 AS INT) AS partition",
     )
     started = time.monotonic()
     with pytest.raises(UnknownTopicError, match=missing) as raised:
