@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from kafka2pc import Decision, Kafka2pcError, TransactionOutcome
 from kafka2pc._control import ControlPlane
-from kafka2pc._exceptions import Kafka2pcError
-from kafka2pc._recovery import Decision, TransactionOutcome, outcome_of, settle
+from kafka2pc._recovery import outcome_of, settle
 from kafka2pc.recipes.spark._values import (
     PartitionResult,
     SinkCompletionError,

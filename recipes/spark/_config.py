@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kafka2pc._exceptions import UsageError
+from kafka2pc import UsageError
 from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from kafka2pc import UsageError
 from kafka2pc._control import ControlPlane
-from kafka2pc._exceptions import UsageError
 from kafka2pc.recipes.spark._completion import (
     Completion,
     complete,

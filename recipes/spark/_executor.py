@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kafka2pc import QueueFullError, TwoPhaseCommitProducer, UsageError
 from kafka2pc._control import ControlPlane
-from kafka2pc._exceptions import UsageError
-from kafka2pc._producer import QueueFullError, TwoPhaseCommitProducer
 from kafka2pc.recipes.spark._values import PartitionResult, UnknownTopicError, combine_fingerprints
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from kafka2pc._exceptions import UsageError
+from kafka2pc import UsageError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

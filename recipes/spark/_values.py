@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from kafka2pc._exceptions import Kafka2pcError, UsageError
-from kafka2pc._state import PreparedTxnState
+from kafka2pc import Kafka2pcError, PreparedTxnState, UsageError
 
 DECISION_FORMAT: Final = "kafka2pc-spark-decision/1"
 

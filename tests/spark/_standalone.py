@@ -6,9 +6,10 @@ bound to 127.0.0.1 and one to 127.0.0.2.  Spark tells hosts apart by address,
 so the two Workers count as two hosts: a speculative copy of a task may run
 on the other Worker (Spark never runs two attempts of a task on one host).
 
-Ports: the Master and Workers listen in ``[base + 1700, base + 1800)`` of the
-``$KAFKA2PC_PORT_BASE`` block (below the kernel's ephemeral range), so they
-never collide with the local brokers or with another checkout's cluster.
+Ports: the Master and Workers listen in the first free slot of 20 ports in
+``[base + 1700, base + 1800)`` of the ``$KAFKA2PC_PORT_BASE`` block (below the
+kernel's ephemeral range), so they never collide with the local brokers, with
+another checkout's cluster, or with a second test session of this checkout.
 """
 
 from __future__ import annotations
@@ -155,9 +156,23 @@ class StandaloneCluster:
             proc.wait(30)
 
 
+def _free(port: int) -> bool:
+    for host in WORKER_HOSTS:
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                return False
+    return True
+
+
 def start_cluster(work: Path) -> StandaloneCluster:
+    """Start a cluster on the first free slot of 20 ports in ``[base + 1700, base + 1800)``."""
     work.mkdir(parents=True, exist_ok=True)
-    return StandaloneCluster(work, port_base() + 1700).start()
+    for first in range(port_base() + 1700, port_base() + 1800, 20):
+        if all(_free(first + offset) for offset in (0, 1, 10, 11, 12, 13)):
+            return StandaloneCluster(work, first).start()
+    raise RuntimeError(f"no free ports for a Spark cluster in [{port_base() + 1700}, {port_base() + 1800})")
 
 
 def java_ancestor(pid: int) -> int | None:
