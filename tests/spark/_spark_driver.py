@@ -2,14 +2,20 @@
 
 Run as ``python _spark_driver.py '<json config>'``; the test SIGKILLs its process
 group (this Python process and the Spark JVM it launched) at a crash point the
-sink announces through ``$KAFKA2PC_SPARK_FAULTS`` (``crash_marker``).  When the
+test names in ``$K2PC_SPARK_TEST_CRASH`` (``crash_at``, ``crash_batch``,
+``crash_marker``): the sink's ``on_step`` hook writes the marker file there and
+blocks until the test kills the process group.  When the
 query has finished, it writes the sink's metrics as JSON to ``metrics_path``.
 
 Config keys: ``bootstrap``, ``out_topic``, ``checkpoint``, ``source``
-(``"rate"`` or ``"kafka"``), ``rows_per_batch`` and ``last_batch`` (rate:
+(``"rate"`` or ``"files"``), ``rows_per_batch`` and ``last_batch`` (rate:
 batches after ``last_batch`` write nothing, so the expected output is exact),
-``source_topic`` and ``max_offsets`` (kafka: read with Trigger.AvailableNow),
-``kafka_package``, ``metrics_path``, ``log_path``.
+``files_dir`` and ``files_per_batch`` (files: JSON lines ``{"id": .., "v": ..}``
+read with Trigger.AvailableNow; ``value`` = ``v``, ``key`` = ``id % 7``),
+optional ``master`` (default ``local[2,4]``), ``spark_conf`` (extra Spark
+settings) and ``producer_config`` (extra producer settings), ``metrics_path``,
+``error_path`` (a failed query writes its error there and exits 3), ``log_path``.
+No source needs Spark's Kafka connector.
 """
 
 from __future__ import annotations
@@ -20,6 +26,38 @@ import logging
 import os
 import sys
 import threading
+import time
+
+
+def crash_hook():  # type: ignore[no-untyped-def]
+    """The sink's ``on_step`` hook from ``$K2PC_SPARK_TEST_CRASH``: at the named step, mark and block."""
+    text = os.environ.get("K2PC_SPARK_TEST_CRASH", "").strip()
+    if not text:
+        return None
+    faults = json.loads(text)
+
+    def on_step(step, batch_id):  # type: ignore[no-untyped-def]
+        if step.value != faults["crash_at"]:
+            return
+        if faults.get("crash_batch") is not None and faults["crash_batch"] != batch_id:
+            return
+        logging.getLogger(__name__).warning("crash point %s of batch %d", step.value, batch_id)
+        with open(faults["crash_marker"], "w") as marker:
+            marker.write(f"{step.value} {batch_id}\n")
+        while True:  # the test SIGKILLs the process group (JVM included)
+            time.sleep(60)
+
+    return on_step
+
+
+def task_hook(spec):  # type: ignore[no-untyped-def]
+    """A task hook of ``_cluster_hooks`` from ``{"kind": "BlockAt" | "SlowAt", **fields}``."""
+    if not spec:
+        return None
+    import _cluster_hooks
+
+    fields = dict(spec)
+    return getattr(_cluster_hooks, fields.pop("kind"))(**fields)
 
 
 def main() -> None:
@@ -35,19 +73,23 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     builder = (
-        SparkSession.builder.master("local[2,4]")
+        SparkSession.builder.master(cfg.get("master", "local[2,4]"))
         .appName("kafka2pc-crash-driver")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.streaming.minBatchesToRetain", "20")
     )
-    if cfg["source"] == "kafka":
-        builder = builder.config("spark.jars.packages", cfg["kafka_package"])
+    if cfg.get("task_hook"):  # the executors import the hook's module by name
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.path.dirname(os.path.abspath(__file__)))
+    for key, value in cfg.get("spark_conf", {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
 
-    sink = KafkaTwoPhaseSink({"bootstrap.servers": cfg["bootstrap"]}, topic=cfg["out_topic"])
+    producer_config = {"bootstrap.servers": cfg["bootstrap"], **cfg.get("producer_config", {})}
+    sink = KafkaTwoPhaseSink(producer_config, topic=cfg["out_topic"], on_step=crash_hook(),
+                             faults=task_hook(cfg.get("task_hook")))
     done = threading.Event()
 
     if cfg["source"] == "rate":
@@ -73,13 +115,10 @@ def main() -> None:
         running.stop()
     else:
         stream = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", cfg["bootstrap"])
-            .option("subscribe", cfg["source_topic"])
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", int(cfg["max_offsets"]))
-            .load()
-            .selectExpr("key", "value")
+            spark.readStream.schema("id long, v string")
+            .option("maxFilesPerTrigger", int(cfg["files_per_batch"]))
+            .json(cfg["files_dir"])
+            .selectExpr("CAST(id % 7 AS STRING) AS key", "v AS value")
         )
         running = (
             stream.writeStream.foreachBatch(sink)
@@ -87,10 +126,18 @@ def main() -> None:
             .trigger(availableNow=True)
             .start()
         )
-        if not running.awaitTermination(240):
+        try:
+            finished = running.awaitTermination(240)
+        except Exception:  # noqa: BLE001 - PySpark raises the query's failure here; reported below
+            finished = True
+        if not finished:
             raise SystemExit("the AvailableNow query did not finish in 240s")
         if running.exception() is not None:
-            raise SystemExit(f"query failed: {running.exception()}")
+            with open(cfg["error_path"], "w") as err:
+                err.write(str(running.exception()))
+            sink.close()
+            spark.stop()
+            os._exit(3)
     with open(cfg["metrics_path"], "w") as out:
         json.dump([dataclasses.asdict(m) for m in sink.metrics], out, default=str)
     sink.close()

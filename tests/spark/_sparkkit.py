@@ -23,12 +23,25 @@ DRIVER = Path(__file__).with_name("_spark_driver.py")
 RUN_ENV = "K2PC_SPARK_TEST_RUN"
 
 
-def kafka_package() -> str:
-    """The Spark Kafka connector matching the installed pyspark (override: ``$KAFKA2PC_SPARK_KAFKA_PACKAGE``)."""
-    import pyspark
+def write_json_files(directory: Path, rows_per_file: list[int], start: int = 0) -> list[bytes]:
+    """JSON-lines input files ``f00000.json``, ... with rows ``{"id": i, "v": "m<i>"}``; return the values.
 
-    default = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
-    return os.environ.get("KAFKA2PC_SPARK_KAFKA_PACKAGE", default)
+    Files are named in order and written whole (temp file + rename), so a
+    streaming file source picks them up in order, ``files_per_batch`` at a time.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    values = []
+    i = start
+    for n, count in enumerate(rows_per_file):
+        lines = []
+        for _ in range(count):
+            lines.append(json.dumps({"id": i, "v": f"m{i}"}))
+            values.append(f"m{i}".encode())
+            i += 1
+        tmp = directory / f".f{n:05d}.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.rename(directory / f"f{n:05d}.json")
+    return values
 
 
 def processes_of_run(run_id: str) -> list[int]:
@@ -92,12 +105,13 @@ def start_driver(
     metrics_path = work / f"{name}.metrics.json"
     stderr_path = work / f"{name}.stderr"
     full = dict(cfg, log_path=str(log_path), metrics_path=str(metrics_path))
+    full.setdefault("error_path", str(work / f"{name}.error"))
     env = dict(os.environ)
     env[RUN_ENV] = run_id
     env["PYSPARK_PYTHON"] = sys.executable
-    env.pop("KAFKA2PC_SPARK_FAULTS", None)
+    env.pop("K2PC_SPARK_TEST_CRASH", None)
     if faults is not None:
-        env["KAFKA2PC_SPARK_FAULTS"] = json.dumps(faults)
+        env["K2PC_SPARK_TEST_CRASH"] = json.dumps(faults)
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, str(DRIVER), json.dumps(full)],
@@ -123,6 +137,19 @@ def crash_driver(cfg: dict[str, Any], work: Path, crash_at: str, crash_batch: in
     finally:
         run.kill_group()
     return marker.read_text().strip()
+
+
+def fail_driver(cfg: dict[str, Any], work: Path, name: str) -> str:
+    """Run the driver (no faults) expecting its query to fail; return the query's error."""
+    error_path = work / f"{name}.error"
+    run = start_driver(dict(cfg, error_path=str(error_path)), work, None, name)
+    try:
+        rc = run.proc.wait(300)
+    finally:
+        if run.proc.poll() is None or processes_of_run(run.run_id):
+            run.kill_group()
+    assert rc == 3, f"driver did not fail as expected (rc={rc}): {run.log()}"
+    return error_path.read_text()
 
 
 def finish_driver(cfg: dict[str, Any], work: Path, name: str) -> list[dict[str, Any]]:

@@ -2,7 +2,9 @@
 
 Spark is heavy on a small machine, so every in-process test shares one
 session (``local[2,4]``: two cores, up to four attempts per task, so task
-retries happen), with two shuffle partitions and the Kafka connector loaded.
+retries happen), with two shuffle partitions.  No test needs Spark's Kafka
+connector: inputs are built in Spark or read from files, outputs are checked
+with confluent-kafka.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
-from _sparkkit import kafka_package
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 def spark() -> Iterator[SparkSession]:
     """A local SparkSession shared by the in-process tests."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.pop("KAFKA2PC_SPARK_FAULTS", None)
+    os.environ.pop("K2PC_SPARK_TEST_CRASH", None)
     from pyspark.sql import SparkSession
 
     session = (
@@ -32,7 +33,6 @@ def spark() -> Iterator[SparkSession]:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.pyspark.python", sys.executable)
-        .config("spark.jars.packages", kafka_package())
         .config("spark.sql.streaming.minBatchesToRetain", "20")
         .getOrCreate()
     )

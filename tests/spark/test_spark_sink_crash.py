@@ -19,9 +19,8 @@ from _sparkkit import (
     decision_outcomes,
     finish_driver,
     hanging,
-    kafka_package,
+    write_json_files,
 )
-from confluent_kafka import Producer
 
 from kafka2pc.testing import drain
 
@@ -68,19 +67,17 @@ def test_rate_source_survives_driver_kills_at_every_step(
     assert_exactly_once(kafka_bootstrap, out, nums(0, 5 * rows))
 
 
-def test_kafka_source_survives_driver_kills(
+def test_file_source_survives_driver_kills(
     kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
-    source, out = topic_factory(partitions=3), topic_factory(partitions=2)
+    """Trigger.AvailableNow over JSON files (300 rows per batch, cut into 3 partitions), killed twice."""
+    out = topic_factory(partitions=2)
     n = 1500
-    producer = Producer({"bootstrap.servers": kafka_bootstrap})
-    for i in range(n):
-        producer.produce(source, key=str(i % 7).encode(), value=f"m{i}".encode(), partition=i % 3)
-    assert producer.flush(30) == 0
-    expected = sorted(f"m{i}".encode() for i in range(n))
+    expected = sorted(write_json_files(tmp_path / "in", [100] * 15))
     cfg = {
         "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"),
-        "source": "kafka", "source_topic": source, "max_offsets": 300, "kafka_package": kafka_package(),
+        "source": "files", "files_dir": str(tmp_path / "in"), "files_per_batch": 3,
+        "master": "local[3,4]",
     }
 
     assert crash_driver(cfg, tmp_path, "after_decision", 1, "run1") == "after_decision 1"

@@ -1,0 +1,217 @@
+"""Completing a decision through the transaction coordinator, sweeping strays, and the repair check.
+
+Driver side, no Spark: the functions here talk to the coordinator through a
+:class:`~kafka2pc._control.ControlPlane` for one sink's transactional ids.
+:func:`repair_mismatch` is pure: it compares what a decision recorded with a
+replay of the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from kafka2pc import Decision, Kafka2pcError, TransactionOutcome
+from kafka2pc._control import ControlPlane
+from kafka2pc._recovery import outcome_of, settle
+
+from ._values import (
+    PartitionResult,
+    SinkCompletionError,
+    SinkDecision,
+    SinkTransaction,
+    SinkWriteError,
+    UnknownTopicError,
+    combine_fingerprints,
+)
+
+logger = logging.getLogger("kafka2pc.recipes.spark_sink")
+
+
+@dataclass
+class Completion:
+    """What completing one decision found."""
+
+    committed: int = 0
+    strays_aborted: int = 0
+    aborted: list[int] = field(default_factory=list)
+    """Partitions whose decided transaction Kafka aborted (to repair)."""
+
+
+def complete(
+    ctrl: ControlPlane, transactional_id_base: str, decision: SinkDecision, after_first: Callable[[], None]
+) -> Completion:
+    """Commit every transaction the decision names; abort every other open one of the sink."""
+    result = Completion()
+    unknown: list[SinkTransaction] = []
+    ended: list[str] = []
+    for i, txn in enumerate(decision.transactions):
+        settlement = settle(ctrl, txn.transactional_id, txn.prepared_state, raise_on_heuristic=False)
+        if settlement.plan.decision is not Decision.NOTHING:
+            ended.append(txn.transactional_id)
+        if settlement.outcome is TransactionOutcome.COMMITTED:
+            result.committed += 1
+        elif settlement.outcome is TransactionOutcome.ABORTED:
+            result.aborted.append(txn.partition)
+        elif settlement.outcome is not TransactionOutcome.NONE:
+            unknown.append(txn)
+        if i == 0:
+            after_first()
+    await_markers(ctrl, ended)
+    result.strays_aborted = settle_open(ctrl, transactional_id_base, decision.by_transactional_id())
+    deadline = time.monotonic() + 60
+    while unknown:
+        # The last stable offset was held back (e.g. by a stray we just aborted): ask again.
+        pending = []
+        for txn in unknown:
+            outcome = outcome_of(ctrl, txn.prepared_state)
+            if outcome is TransactionOutcome.COMMITTED:
+                result.committed += 1
+            elif outcome is TransactionOutcome.ABORTED:
+                result.aborted.append(txn.partition)
+            else:
+                pending.append(txn)
+        unknown = pending
+        if unknown and time.monotonic() > deadline:
+            raise SinkCompletionError(
+                f"batch {decision.batch_id}: the outcome of {[t.state for t in unknown]} stays unknown"
+            )
+        if unknown:
+            time.sleep(0.5)
+    return result
+
+
+def await_markers(ctrl: ControlPlane, transactional_ids: Iterable[str], timeout_s: float = 10.0) -> None:
+    """Wait until the coordinator has written the commit markers of what we just ended.
+
+    EndTxn answers once the decision is logged (``PrepareCommit``); the
+    markers that make the records readable follow.  Waiting here makes
+    ``time_to_visibility_s`` honest, and it spares the next batch's tasks:
+    an ``init_transactions`` that arrives during ``PrepareCommit`` gets
+    CONCURRENT_TRANSACTIONS, and librdkafka retries only after about 0.5 s.
+    """
+    deadline = time.monotonic() + timeout_s
+    for tid in transactional_ids:
+        while True:
+            desc = ctrl.describe_transaction(tid)
+            if desc is None or desc.state not in ("PrepareCommit", "PrepareAbort"):
+                break
+            if time.monotonic() > deadline:
+                logger.warning("%s still %s after %.0fs", tid, desc.state, timeout_s)
+                break
+            time.sleep(0.005)
+
+
+def settle_open(ctrl: ControlPlane, transactional_id_base: str, named: Mapping[str, SinkTransaction]) -> int:
+    """Settle every open transaction under the sink's ids: commit it if ``named`` names it, else abort it.
+
+    A transaction no decision names (a crashed run's, a zombie attempt's, a
+    failed batch's) is aborted with KIP-939's ``forceTerminateTransaction``
+    (InitProducerId), which also bumps the epoch and so fences a zombie
+    producer still running.  Returns how many transactions were aborted.
+    """
+    pattern = re.compile(re.escape(transactional_id_base) + r"-(\d+)")
+    aborted = 0
+    for listing in ctrl.list_transactions(states=["Ongoing"]):
+        tid = listing.transactional_id
+        if not pattern.fullmatch(tid):
+            continue
+        txn = named.get(tid)
+        if txn is not None:
+            settlement = settle(ctrl, tid, txn.prepared_state, raise_on_heuristic=False)
+            logger.info("settled open transaction of %s: %s (%s)", tid, settlement.plan.decision.value,
+                        settlement.plan.reason)
+            if settlement.plan.decision is Decision.ABORT:
+                aborted += 1
+            continue
+        desc = ctrl.describe_transaction(tid)
+        if desc is None or desc.state != "Ongoing":
+            continue
+        ctrl.fence(tid, desc)
+        aborted += 1
+        logger.info("aborted and fenced the undecided transaction of %s (producer %d, epoch %d)",
+                    tid, desc.producer_id, desc.producer_epoch)
+    return aborted
+
+
+def repair_mismatch(
+    recorded: Sequence[SinkTransaction], replay: Sequence[PartitionResult], whole_batch: bool
+) -> str | None:
+    """Why a replay may not repair a decision, or ``None`` if it may.
+
+    ``whole_batch``: every decided transaction was aborted, so the replay
+    rewrites the whole batch in whatever partitioning it has now; only the
+    batch's total row count and fingerprint must match.  Otherwise the
+    replay rewrites some partitions and keeps the others' committed rows, so
+    every partition must hold what the decision recorded (count, and the
+    fingerprint where the decision has one).
+    """
+    if whole_batch:
+        want_rows = sum(t.records for t in recorded)
+        got_rows = sum(r.records for r in replay)
+        if want_rows != got_rows:
+            return f"the decision recorded {want_rows} rows, the replay has {got_rows}"
+        if all(t.fingerprint is not None for t in recorded):
+            want = combine_fingerprints(t.fingerprint for t in recorded if t.fingerprint is not None)
+            got = combine_fingerprints(r.fingerprint for r in replay)
+            if want != got:
+                return f"the batch's rows differ (fingerprint {got}, recorded {want})"
+        return None
+    want_parts = {t.partition: (t.records, t.fingerprint) for t in recorded}
+    got_parts = {r.partition: (r.records, r.fingerprint) for r in replay}
+    differ = sorted(
+        p for p in set(want_parts) | set(got_parts)
+        if p not in want_parts or p not in got_parts or want_parts[p][0] != got_parts[p][0]
+        or (want_parts[p][1] is not None and want_parts[p][1] != got_parts[p][1])
+    )
+    if not differ:
+        return None
+    return (
+        "the replayed batch is cut into partitions differently, or its rows changed: recorded "
+        + _describe({p: v[0] for p, v in want_parts.items()}) + ", replayed "
+        + _describe({p: v[0] for p, v in got_parts.items()}) + f" (partitions {differ} differ)"
+    )
+
+
+def _describe(rows: Mapping[int, int]) -> str:
+    return "{" + ", ".join(f"p{p}: {n} rows" for p, n in sorted(rows.items())) + "}"
+
+
+_UNKNOWN_TOPIC_RE: Final = re.compile(r"UnknownTopicError: (topic '[^\n]*)")
+
+
+def job_error(batch_id: int, exc: Exception, aborted: int) -> Kafka2pcError:
+    """The error a failed write job surfaces as: the task's own message, not a JVM stack trace."""
+    text = str(exc)
+    missing = _UNKNOWN_TOPIC_RE.search(text)
+    if missing is not None:
+        return UnknownTopicError(f"batch {batch_id}: {missing.group(1).strip()}; the {aborted} transactions "
+                                 "the batch had prepared were aborted")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # The Python traceback of the failed task is inside the JVM's message: its
+    # last "SomeError: message" line is the task's own error.
+    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)
+              and not line.startswith(("org.apache.", "java.", "py4j.", "pyspark.errors."))]
+    summary = errors[-1] if errors else (lines[0] if lines else type(exc).__name__)
+    return SinkWriteError(
+        f"batch {batch_id}: the write job failed before the decision ({summary[:500]}); the {aborted} "
+        "transactions it had prepared were aborted"
+    )
+
+
+def repair_refusal(decision: SinkDecision, lost: frozenset[int], problem: str, location: str) -> str:
+    """The message of a refused repair: what differs, and what the operator can do."""
+    kept = sorted({t.partition for t in decision.transactions} - lost)
+    return (
+        f"batch {decision.batch_id}: cannot repair: Kafka aborted the decided transactions of partitions "
+        f"{sorted(lost)} (revision {decision.revision}), while partitions {kept} committed, and {problem}. "
+        "Rewriting would lose or duplicate rows, so nothing was written. Restart the query with the "
+        "partitioning of the run that wrote the decision (same number of cores or spark.default.parallelism, "
+        "same spark.sql.files.maxPartitionBytes / openCostInBytes, same input files); the decision is "
+        f"{location}/{decision.batch_id:019d}.{decision.revision:06d}.json. See docs/spark.md, "
+        "'Repair'."
+    )

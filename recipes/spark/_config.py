@@ -1,0 +1,69 @@
+"""What the driver derives from the user's options: the batch's columns and the executors' producer settings.
+
+Pure functions (the broker's ``transaction.max.timeout.ms`` is looked up by the caller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kafka2pc import UsageError
+from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+_ALLOWED_COLUMNS = {
+    "value": {"string", "binary"}, "key": {"string", "binary"}, "topic": {"string"},
+    "partition": {"int"}, "headers": {"array<struct<key:string,value:binary>>"},
+}
+
+
+def batch_columns(df: DataFrame, topic: str | None) -> tuple[str, ...]:
+    """The columns of Spark's Kafka sink that ``df`` has, checked; ``topic`` (the option) drops the column."""
+    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    if "value" not in fields:
+        raise UsageError(f"the batch has no 'value' column (columns: {sorted(fields)})")
+    columns = []
+    for name, types in _ALLOWED_COLUMNS.items():
+        if name not in fields:
+            continue
+        if fields[name] not in types:
+            raise UsageError(f"column {name!r} has type {fields[name]}; expected one of {sorted(types)}")
+        if name == "topic" and topic is not None:
+            continue  # the option overrides the column, as in Spark's Kafka sink
+        columns.append(name)
+    if topic is None and "topic" not in fields:
+        raise UsageError("no 'topic' column and no topic option: where should the rows go?")
+    return tuple(columns)
+
+
+def default_transaction_timeout_ms(broker_max: str | None) -> int:
+    """The broker's ``transaction.max.timeout.ms`` within librdkafka's limit (15 min if unknown).
+
+    Above 2**31 µs librdkafka's request deadlines wrap around (see
+    ``LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS``).
+    """
+    return min(int(broker_max), LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS) if broker_max else 900_000
+
+
+def executor_config(config: Mapping[str, Any], txn_timeout_ms: int | None) -> dict[str, Any]:
+    """The executors' producer settings: the user's, plus the sink's defaults where the user set none."""
+    result = dict(config)
+    if "transaction.timeout.ms" not in result and "transaction.two.phase.commit.enable" not in result:
+        if txn_timeout_ms is not None:
+            result["transaction.timeout.ms"] = txn_timeout_ms
+    # Every task opens a fresh producer, so init_transactions is on every
+    # task's path.  With sparse connections librdkafka drops the bootstrap
+    # connection once metadata names the broker and often reaches the
+    # coordinator only on its 500 ms retry timer (measured: 55-510 ms per
+    # init); with eager connections it takes 3-5 ms.  socket.timeout.ms
+    # follows the transaction timeout (found while a 1 h timeout still made
+    # librdkafka's requests time out at once; the cap above is the cure).
+    if "enable.sparse.connections" not in result:
+        result["enable.sparse.connections"] = False
+        if "socket.timeout.ms" not in result:
+            txn_timeout = int(result.get("transaction.timeout.ms", 60_000))
+            result["socket.timeout.ms"] = max(1_000, min(60_000, txn_timeout - 100))
+    return result

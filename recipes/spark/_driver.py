@@ -1,0 +1,509 @@
+"""Driver side of the Spark sink: the two-phase-commit coordinator of each micro-batch.
+
+See :mod:`kafka2pc.recipes.spark` for the protocol and ``docs/spark.md`` for
+why it is exactly-once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from kafka2pc import UsageError
+from kafka2pc._control import ControlPlane
+
+from ._completion import (
+    Completion,
+    complete,
+    job_error,
+    repair_mismatch,
+    repair_refusal,
+    settle_open,
+)
+from ._config import batch_columns, default_transaction_timeout_ms, executor_config
+from ._executor import ArrowWriter, TaskHook, WriterSpec
+from ._session import local_path, qualify, running_query_checkpoint, running_query_id
+from ._store import DecisionStore, HadoopDecisionStore, LocalDecisionStore
+from ._values import (
+    RESULT_COLUMNS,
+    RESULT_DDL,
+    BatchMetrics,
+    PartitionResult,
+    SinkCompletionError,
+    SinkDecision,
+    SinkRepairError,
+    SinkStep,
+    SinkTransaction,
+    StepHook,
+    UnknownTopicError,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+logger = logging.getLogger("kafka2pc.recipes.spark_sink")
+
+DEFAULT_PREFIX: Final = "kafka2pc-spark-"
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,120}")
+
+
+@dataclass
+class _Binding:
+    """The sink's state for one query (one checkpoint): its ids, its decisions, its lock."""
+
+    checkpoint: str | None
+    sink_id: str
+    transactional_id_base: str
+    store: DecisionStore
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    recovered: bool = False
+
+
+class KafkaTwoPhaseSink:
+    """A ``foreachBatch`` function that writes each micro-batch to Kafka exactly once.
+
+    ``producer_config`` is a confluent-kafka configuration (bootstrap servers,
+    security, tuning) used by the executors' producers and the driver's
+    coordinator client; ``transactional.id`` is chosen by the sink.  ``topic``
+    overrides the ``topic`` column.  ``checkpoint_location`` is the query's
+    checkpoint location (found automatically from the running query when
+    omitted); decisions live under ``<checkpoint>/kafka2pc/<sink id>/``.
+    ``sink_id`` names the sink in its transactional ids
+    (``<prefix><sink id>-<partition>``); by default it is derived from the
+    checkpoint location, so two queries never share ids.  A micro-batch with
+    more than ``max_transactions`` partitions is coalesced to that many: the
+    sink uses at most that many transactional ids, reused by every batch
+    (each distinct id costs broker memory until
+    ``transactional.id.expiration.ms``).
+
+    One sink object may serve several queries, one after the other or at the
+    same time: each query (each checkpoint) gets its own sink id, decisions
+    and lock.  Only a sink built with an explicit ``checkpoint_location``,
+    ``sink_id`` or ``decision_store`` is tied to one query; another query
+    calling it gets a :class:`~kafka2pc.UsageError`.
+
+    ``faults`` (a :data:`TaskHook`, e.g. :class:`FaultInjection`) and
+    ``on_step`` (a :data:`StepHook`) are testing and tracing aids: the first
+    is pickled to the executors and called at each :class:`TaskStep` of a
+    task, the second is called on the driver at each :class:`SinkStep`.
+
+    ``sink.metrics`` holds the last ``metrics_history`` :class:`BatchMetrics`;
+    ``sink.last_batch_metrics`` the newest.  Call :meth:`recover` to settle
+    leftovers without running a batch, :meth:`close` when the query is done.
+
+    Example::
+
+        sink = KafkaTwoPhaseSink({"bootstrap.servers": "localhost:9092"}, topic="out")
+        df.writeStream.foreachBatch(sink).option("checkpointLocation", "/chk/q1").start()
+    """
+
+    def __init__(
+        self,
+        producer_config: Mapping[str, Any],
+        *,
+        topic: str | None = None,
+        checkpoint_location: str | None = None,
+        sink_id: str | None = None,
+        transactional_id_prefix: str = DEFAULT_PREFIX,
+        max_transactions: int = 64,
+        decision_store: DecisionStore | None = None,
+        decisions_to_retain: int = 100,
+        max_repairs: int = 3,
+        metrics_history: int = 100,
+        faults: TaskHook | None = None,
+        on_step: StepHook | None = None,
+    ) -> None:
+        config = dict(producer_config)
+        if "bootstrap.servers" not in config:
+            raise UsageError("producer_config must set 'bootstrap.servers'")
+        if "transactional.id" in config:
+            raise UsageError("the sink chooses transactional ids: do not set 'transactional.id'")
+        if sink_id is not None and not _NAME_RE.fullmatch(sink_id):
+            raise UsageError(f"sink_id must match {_NAME_RE.pattern}, not {sink_id!r}")
+        if not re.fullmatch(r"[A-Za-z0-9._-]{0,60}", transactional_id_prefix):
+            raise UsageError(f"invalid transactional_id_prefix {transactional_id_prefix!r}")
+        if max_transactions < 1:
+            raise UsageError("max_transactions must be at least 1")
+        self._config = config
+        self._topic = topic
+        self._checkpoint_location = checkpoint_location
+        self._sink_id = sink_id
+        self._prefix = transactional_id_prefix
+        self._max_transactions = max_transactions
+        self._store = decision_store
+        self._retain = max(2, decisions_to_retain)
+        self._max_repairs = max_repairs
+        self._task_hook = faults
+        self._on_step = on_step
+        self._metrics: deque[BatchMetrics] = deque(maxlen=max(1, metrics_history))
+        self._ctrl: ControlPlane | None = None
+        self._txn_timeout_ms: int | None = None
+        self._topic_checked = False
+        self._bindings: dict[str, _Binding] = {}
+        self._by_query: dict[str, _Binding] = {}
+        self._current: _Binding | None = None
+        self._lock = threading.Lock()  # guards the bindings and the lazily built shared state
+
+    # -- public -----------------------------------------------------------------
+    @property
+    def sink_id(self) -> str | None:
+        """The sink id of the query served last (known after its first batch when derived from the checkpoint)."""
+        return self._current.sink_id if self._current is not None else self._sink_id
+
+    @property
+    def transactional_id_base(self) -> str:
+        """``<prefix><sink id>``; partition ``p`` writes under ``<base>-<p>`` (the query served last)."""
+        sink_id = self.sink_id
+        if sink_id is None:
+            raise UsageError("the sink id is not known before the first batch (pass sink_id=...)")
+        return f"{self._prefix}{sink_id}"
+
+    @property
+    def decision_store(self) -> DecisionStore | None:
+        """Where the decisions of the query served last are stored (known after its first batch unless given)."""
+        return self._current.store if self._current is not None else self._store
+
+    @property
+    def metrics(self) -> list[BatchMetrics]:
+        """Metrics of the recent batches (of every query served), oldest first."""
+        return list(self._metrics)
+
+    @property
+    def last_batch_metrics(self) -> BatchMetrics | None:
+        """Metrics of the newest batch."""
+        return self._metrics[-1] if self._metrics else None
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """Write micro-batch ``batch_id`` exactly once (the ``foreachBatch`` entry point)."""
+        binding = self._binding_for(df.sparkSession)
+        with binding.lock:
+            self._current = binding
+            self._run_batch(binding, df, int(batch_id))
+
+    def recover(self, spark: SparkSession | None = None) -> int:
+        """Settle every open transaction of this sink with the last durable decision; return how many.
+
+        With ``spark``, the query (checkpoint) it names; without, every query
+        this sink has served.  Runs automatically before the first batch of
+        every query in every driver process.
+        """
+        if spark is not None:
+            bindings = [self._binding_for(spark)]
+        else:
+            with self._lock:
+                bindings = list(self._bindings.values())
+            if not bindings:
+                raise UsageError("recover() needs the SparkSession before the first batch")
+        settled = 0
+        for binding in bindings:
+            with binding.lock:
+                settled += self._settle_leftovers(binding)
+                binding.recovered = True
+        return settled
+
+    def close(self) -> None:
+        """Close the driver's coordinator connections."""
+        if self._ctrl is not None:
+            self._ctrl.close()
+            self._ctrl = None
+
+    # -- one batch -------------------------------------------------------------------
+    def _run_batch(self, b: _Binding, df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        existing = b.store.get(batch_id)
+        if existing is not None:
+            logger.info("batch %d: replayed; decision revision %d exists: completing it, not writing again",
+                        batch_id, existing.revision)
+            t0 = time.monotonic()
+            final, completion, repaired = self._complete_with_repair(b, df, existing)
+            b.recovered = True
+            now = time.monotonic()
+            self._record(BatchMetrics(
+                batch_id, True, sum(t.records for t in final.transactions), len(final.transactions), 0,
+                completion.committed, completion.strays_aborted, 0, tuple(repaired), {}, 0.0, 0.0, 0.0, 0.0,
+                0.0, 0.0, now - t0, now - started, now - t0,
+            ))
+            return
+        t0 = time.monotonic()
+        leftovers = 0
+        if not b.recovered:
+            leftovers = self._settle_leftovers(b)
+            b.recovered = True
+        self._check_topic_option()
+        settle_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        results = self._write(b, df, batch_id)
+        write_s = time.monotonic() - t1
+        self._step(SinkStep.AFTER_PREPARE, batch_id)
+        t2 = time.monotonic()
+        decision = SinkDecision(
+            b.sink_id, batch_id, 0,
+            tuple(SinkTransaction(r.partition, r.transactional_id, r.state, r.records, r.fingerprint)
+                  for r in results),
+            int(time.time() * 1000),
+        )
+        b.store.put(decision)
+        decision_s = time.monotonic() - t2
+        self._step(SinkStep.AFTER_DECISION, batch_id)
+        t3 = time.monotonic()
+        final, completion, repaired = self._complete_with_repair(b, df, decision)
+        now = time.monotonic()
+        if batch_id % 10 == 0:
+            self._purge(b, batch_id)
+        self._record(BatchMetrics(
+            batch_id, False, sum(t.records for t in final.transactions), len(final.transactions), len(results),
+            completion.committed, completion.strays_aborted, leftovers, tuple(repaired),
+            {r.partition: r.attempt for r in results}, settle_s, write_s,
+            max((r.open_s for r in results), default=0.0), max((r.write_s for r in results), default=0.0),
+            max((r.prepare_s for r in results), default=0.0), decision_s, now - t3,
+            now - started, now - t2,
+        ))
+
+    def _write(
+        self, b: _Binding, df: DataFrame, batch_id: int, *, repair: bool = False,
+        only_partitions: frozenset[int] | None = None, named: Mapping[str, SinkTransaction] | None = None,
+    ) -> list[PartitionResult]:
+        """Run the Spark job that writes and prepares; return one result per non-empty partition.
+
+        If the job fails, every transaction it prepared is aborted before the
+        error propagates: nothing was decided for them (``named``, the
+        transactions a decision names, are kept), so that is always safe, and
+        it keeps a failed batch from holding back ``read_committed`` readers
+        until the transaction timeout.
+        """
+        from pyspark.sql import functions as sql
+
+        columns = self._columns(df)
+        # Each row's hash, computed in the JVM (cheap); the tasks sum them into the
+        # partition's fingerprint, which a repair compares (see repair_mismatch).
+        hashed = [sql.col(c) for c in columns] + [sql.isnull(c) for c in columns if c in ("key", "value")]
+        spec = WriterSpec(
+            producer_config=self._executor_config(), transactional_id_base=b.transactional_id_base,
+            topic=self._topic, columns=columns, batch_id=batch_id, only_partitions=only_partitions,
+            task_hook=None if repair else self._task_hook, fingerprint_column=_FINGERPRINT_COLUMN,
+        )
+        writer: Any = ArrowWriter(spec)
+        job = (
+            df.select(*columns, sql.xxhash64(*hashed).alias(_FINGERPRINT_COLUMN))
+            .coalesce(self._max_transactions).mapInArrow(writer, RESULT_DDL)
+        )
+        try:
+            rows = job.collect()
+        except Exception as exc:
+            aborted = self._abort_undecided(b, batch_id, named)
+            raise job_error(batch_id, exc, aborted) from exc
+        results = sorted(
+            (PartitionResult(**{name: row[name] for name in RESULT_COLUMNS}) for row in rows),
+            key=lambda r: r.partition,
+        )
+        seen = [r.partition for r in results]
+        if len(seen) != len(set(seen)):  # Spark returns one result per partition; never trust blindly
+            raise SinkCompletionError(f"batch {batch_id}: more than one result for a partition: {seen}")
+        return results
+
+    def _abort_undecided(self, b: _Binding, batch_id: int, named: Mapping[str, SinkTransaction] | None) -> int:
+        if named is None:
+            latest = b.store.latest()
+            named = latest.by_transactional_id() if latest is not None else {}
+        ctrl = self._control_plane()
+        aborted = settle_open(ctrl, b.transactional_id_base, named)
+        # A task Spark had launched before the job failed may still open its
+        # transaction after the first sweep (the sweep fences every producer
+        # it finds, not one that starts later); Spark kills such tasks' Python
+        # workers within spark.python.task.killTimeout (2 s): sweep once more.
+        time.sleep(_SECOND_SWEEP_S)
+        aborted += settle_open(ctrl, b.transactional_id_base, named)
+        logger.warning("batch %d failed before its decision: aborted %d prepared transactions", batch_id, aborted)
+        return aborted
+
+    def _complete_with_repair(
+        self, b: _Binding, df: DataFrame, decision: SinkDecision
+    ) -> tuple[SinkDecision, Completion, list[int]]:
+        repaired: list[int] = []
+        total = Completion()
+        ctrl = self._control_plane()
+        batch_id = decision.batch_id
+        for round_ in range(self._max_repairs + 1):
+            completion = complete(ctrl, b.transactional_id_base, decision,
+                                  lambda: self._step(SinkStep.MID_COMPLETION, batch_id))
+            total.committed += completion.committed
+            total.strays_aborted += completion.strays_aborted
+            if not completion.aborted:
+                return decision, total, repaired
+            if round_ == self._max_repairs:
+                break
+            lost = frozenset(completion.aborted)
+            logger.warning(
+                "batch %d: Kafka aborted the decided transactions of partitions %s (a late task attempt "
+                "re-initialised the id, or the transaction timed out): writing them again",
+                decision.batch_id, sorted(lost),
+            )
+            decision = self._repair(b, df, decision, lost)
+            repaired.extend(sorted(lost))
+        raise SinkCompletionError(
+            f"batch {decision.batch_id}: partitions {completion.aborted} still aborted after "
+            f"{self._max_repairs} repairs"
+        )
+
+    def _repair(self, b: _Binding, df: DataFrame, decision: SinkDecision, lost: frozenset[int]) -> SinkDecision:
+        """Write the lost partitions again and record the new states as a new revision of the decision.
+
+        When every decided transaction was aborted, nothing of the batch is
+        visible, and the whole batch is written again in whatever partitioning
+        the replay has (its total content must match).  Otherwise only the lost
+        partitions are written, and every partition of the replay must match
+        what the decision recorded: a different cut would lose or duplicate rows.
+        """
+        whole = lost == {t.partition for t in decision.transactions}
+        named = decision.by_transactional_id()
+        replay = self._write(
+            b, df, decision.batch_id, repair=True, only_partitions=None if whole else lost, named=named
+        )
+        problem = repair_mismatch(decision.transactions, replay, whole)
+        if problem is not None:
+            settle_open(self._control_plane(), b.transactional_id_base, named)  # what the replay prepared
+            raise SinkRepairError(repair_refusal(decision, lost, problem, b.store.location))
+        written = {r.partition: r for r in replay if r.written}
+        if whole:
+            transactions = tuple(
+                SinkTransaction(r.partition, r.transactional_id, r.state, r.records, r.fingerprint)
+                for r in written.values()
+            )
+        else:
+            transactions = tuple(
+                SinkTransaction(t.partition, t.transactional_id, written[t.partition].state,
+                                written[t.partition].records, written[t.partition].fingerprint)
+                if t.partition in lost else t
+                for t in decision.transactions
+            )
+        repaired = SinkDecision(decision.sink_id, decision.batch_id, decision.revision + 1, transactions,
+                                int(time.time() * 1000))
+        b.store.put(repaired)
+        return repaired
+
+    def _settle_leftovers(self, b: _Binding) -> int:
+        """Before writing anything: commit what the last decision names, abort every other open transaction."""
+        latest = b.store.latest()
+        return settle_open(self._control_plane(), b.transactional_id_base,
+                           latest.by_transactional_id() if latest is not None else {})
+
+    def _check_topic_option(self) -> None:
+        """Fail fast, naming it, if the ``topic`` option names a topic the cluster does not have."""
+        if self._topic is None or self._topic_checked:
+            return
+        if self._topic not in self._control_plane().topic_names():
+            raise UnknownTopicError(f"topic {self._topic!r} (the sink's topic option) does not exist")
+        self._topic_checked = True
+
+    # -- helpers ---------------------------------------------------------------
+    def _binding_for(self, spark: SparkSession) -> _Binding:
+        """The sink's state for the query calling us; created on its first batch (or refused)."""
+        query_id = running_query_id(spark)
+        with self._lock:
+            if query_id is not None and query_id in self._by_query:
+                return self._by_query[query_id]
+            checkpoint = self._resolve_checkpoint(spark)
+            key = checkpoint.rstrip("/") if checkpoint is not None else ""
+            binding = self._bindings.get(key)
+            if binding is None:
+                binding = self._new_binding(spark, checkpoint)
+                self._bindings[key] = binding
+            if query_id is not None:
+                self._by_query[query_id] = binding
+            return binding
+
+    def _new_binding(self, spark: SparkSession, checkpoint: str | None) -> _Binding:
+        if self._bindings and (self._sink_id is not None or self._store is not None):
+            (other,) = self._bindings.values()
+            given = "sink_id" if self._sink_id is not None else "decision_store"
+            raise UsageError(
+                f"this sink was created with {given}=... and serves the query with checkpoint {other.checkpoint}; "
+                f"another query (checkpoint {checkpoint}) would share its transactional ids or decisions and "
+                "lose rows: create one KafkaTwoPhaseSink per query, or let the sink derive the sink id and the "
+                "decision store from each query's checkpoint"
+            )
+        if checkpoint is None and (self._sink_id is None or self._store is None):
+            raise UsageError(
+                "cannot find the query's checkpoint location: pass checkpoint_location=... (the same "
+                "path as the query's checkpointLocation option)"
+            )
+        sink_id = self._sink_id
+        if sink_id is None:
+            assert checkpoint is not None
+            sink_id = "q" + hashlib.sha256(checkpoint.encode()).hexdigest()[:16]
+        store = self._store
+        if store is None:
+            assert checkpoint is not None
+            directory = f"{checkpoint.rstrip('/')}/kafka2pc/{sink_id}"
+            store = (LocalDecisionStore(local_path(directory)) if directory.startswith("file:")
+                     else HadoopDecisionStore(spark, directory))
+        binding = _Binding(checkpoint, sink_id, f"{self._prefix}{sink_id}", store)
+        logger.info("sink %s: transactional ids %s-<partition>, decisions in %s", sink_id,
+                    binding.transactional_id_base, store.location)
+        return binding
+
+    def _resolve_checkpoint(self, spark: SparkSession) -> str | None:
+        running = running_query_checkpoint(spark)
+        if self._checkpoint_location is None:
+            return running
+        given = qualify(spark, self._checkpoint_location)
+        if running is not None and running.rstrip("/") != given.rstrip("/"):
+            raise UsageError(
+                f"checkpoint_location={self._checkpoint_location!r} ({given}) is not the running query's "
+                f"checkpoint location {running}: decisions must live with the query's checkpoint (a sink "
+                "built with checkpoint_location=... serves that one query only)"
+            )
+        return given
+
+    def _columns(self, df: DataFrame) -> tuple[str, ...]:
+        return batch_columns(df, self._topic)
+
+    def _executor_config(self) -> dict[str, Any]:
+        if (self._txn_timeout_ms is None and "transaction.timeout.ms" not in self._config
+                and "transaction.two.phase.commit.enable" not in self._config):
+            # A benign race between concurrent queries: both ask, same answer.
+            limit = self._control_plane().broker_config(["transaction.max.timeout.ms"]).get(
+                "transaction.max.timeout.ms"
+            )
+            self._txn_timeout_ms = default_transaction_timeout_ms(limit)
+        return executor_config(self._config, self._txn_timeout_ms)
+
+    def _control_plane(self) -> ControlPlane:
+        with self._lock:
+            if self._ctrl is None:
+                self._ctrl = ControlPlane(self._config)
+            return self._ctrl
+
+    def _purge(self, b: _Binding, batch_id: int) -> None:
+        try:
+            gone = b.store.purge(batch_id - self._retain)
+            if gone:
+                logger.debug("purged %d old decisions", gone)
+        except Exception as exc:  # noqa: BLE001 - purging is housekeeping; never fail a batch for it
+            logger.warning("could not purge old decisions: %s", exc)
+
+    def _record(self, metrics: BatchMetrics) -> None:
+        self._metrics.append(metrics)
+        logger.info(
+            "batch %d%s: %d records in %d transactions (%d committed, %d strays aborted, repaired %s); "
+            "write %.3fs, decision %.3fs, completion %.3fs, visible after %.3fs",
+            metrics.batch_id, " (replay)" if metrics.replayed else "", metrics.records, metrics.partitions,
+            metrics.transactions_committed, metrics.stray_transactions_aborted,
+            list(metrics.repaired_partitions) or "none", metrics.write_s, metrics.decision_s,
+            metrics.completion_s, metrics.time_to_visibility_s,
+        )
+
+    def _step(self, step: SinkStep, batch_id: int) -> None:
+        if self._on_step is not None:
+            self._on_step(step, batch_id)
+
+
+_FINGERPRINT_COLUMN: Final = "__kafka2pc_row_hash"
+_SECOND_SWEEP_S: Final = 3.0

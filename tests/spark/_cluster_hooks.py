@@ -1,0 +1,53 @@
+"""Task hooks for the standalone-cluster tests (pickled to the executors, imported there by module name).
+
+The executors find this module through ``spark.executorEnv.PYTHONPATH``
+(tests/spark), set by ``_spark_driver.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kafka2pc.recipes.spark import TaskPoint
+
+
+@dataclass(frozen=True)
+class BlockAt:
+    """Attempt 0 of ``partition`` in ``batch`` writes its pid to ``marker`` at ``step`` and blocks (to be killed)."""
+
+    step: str
+    batch: int
+    partition: int
+    marker: str
+
+    def __call__(self, point: TaskPoint) -> None:
+        if (point.step.value, point.spec.batch_id, point.partition, point.attempt) != (
+            self.step, self.batch, self.partition, 0
+        ):
+            return
+        parent = os.getppid()
+        tmp = Path(self.marker + ".tmp")
+        tmp.write_text(str(os.getpid()))
+        tmp.rename(self.marker)
+        deadline = time.monotonic() + 600
+        while os.getppid() == parent and time.monotonic() < deadline:
+            time.sleep(0.2)  # until the test kills the executor (the PySpark daemon goes with it)
+        os._exit(1)
+
+
+@dataclass(frozen=True)
+class SlowAt:
+    """Attempt 0 of ``partition`` in ``batch`` sleeps ``seconds`` right after opening its transaction."""
+
+    batch: int
+    partition: int
+    seconds: float
+
+    def __call__(self, point: TaskPoint) -> None:
+        if point.step.value == "opened" and (point.spec.batch_id, point.partition, point.attempt) == (
+            self.batch, self.partition, 0
+        ):
+            time.sleep(self.seconds)

@@ -1,0 +1,114 @@
+"""The sink on a Spark standalone cluster (Master + two Workers on 127.0.0.1 and 127.0.0.2).
+
+Each test runs a driver process (``_spark_driver.py``) against the cluster:
+an executor JVM killed with SIGKILL while its task holds a prepared
+transaction, and a real speculative copy of a slow task on the other Worker
+("host").  Every row must be visible exactly once, nothing left open.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _sparkkit import assert_exactly_once, finish_driver, start_driver
+from _standalone import StandaloneCluster, java_ancestor, start_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    """A standalone cluster for this module's tests (started once, killed at the end)."""
+    running = start_cluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def cluster_conf(cluster: StandaloneCluster, **extra: str) -> dict[str, Any]:
+    conf = {
+        "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        "spark.executor.memory": "512m", "spark.executor.cores": "2", "spark.cores.max": "4",
+        "spark.task.maxFailures": "4", "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+    }
+    conf.update(extra)
+    return conf
+
+
+def nums(n: int) -> list[bytes]:
+    return [str(i).encode() for i in range(n)]
+
+
+def test_executor_killed_while_its_task_holds_a_prepared_transaction(
+    cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    rows, last = 300, 3
+    out = topic_factory(partitions=2)
+    marker = tmp_path / "blocked.pid"
+    cfg = {
+        "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"),
+        "source": "rate", "rows_per_batch": rows, "last_batch": last, "master": cluster.master_url,
+        "spark_conf": cluster_conf(cluster),
+        "task_hook": {"kind": "BlockAt", "step": "prepared", "batch": 1, "partition": 0, "marker": str(marker)},
+    }
+    run = start_driver(cfg, tmp_path, None, "run")
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert run.proc.poll() is None, f"driver exited early: {run.log()}"
+            assert time.monotonic() < deadline, f"the task never reached the kill point: {run.log()}"
+            time.sleep(0.2)
+        python_worker = int(marker.read_text())
+        executor = java_ancestor(python_worker)
+        assert executor is not None and executor in cluster.executor_pids()
+        os.kill(executor, signal.SIGKILL)
+        rc = run.proc.wait(300)
+    finally:
+        if run.proc.poll() is None:
+            run.kill_group()
+    assert rc == 0, f"driver failed (rc={rc}): {run.log()}"
+    metrics = {m["batch_id"]: m for m in json.loads(run.metrics_path.read_text())}
+    assert sorted(metrics) == list(range(last + 1))
+    assert int(metrics[1]["task_attempts"]["0"]) >= 1  # the killed attempt's task ran again elsewhere
+    assert_exactly_once(kafka_bootstrap, out, nums(rows * (last + 1)))
+
+
+def test_real_speculative_copy_on_the_other_worker(
+    cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """Attempt 0 of one task stalls after opening its transaction; Spark speculates it on the other host."""
+    rows, last = 300, 2
+    out = topic_factory(partitions=2)
+    cfg = {
+        "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"),
+        "source": "rate", "rows_per_batch": rows, "last_batch": last, "master": cluster.master_url,
+        "spark_conf": cluster_conf(
+            cluster, **{
+                "spark.speculation": "true", "spark.speculation.interval": "200ms",
+                "spark.speculation.multiplier": "1.5", "spark.speculation.quantile": "0.5",
+                "spark.speculation.minTaskRuntime": "1s",
+            }
+        ),
+        "task_hook": {"kind": "SlowAt", "batch": 1, "partition": 0, "seconds": 25},
+    }
+    before = cluster.applications()
+    metrics = {m["batch_id"]: m for m in finish_driver(cfg, tmp_path, "run")}
+    assert sorted(metrics) == list(range(last + 1))
+    # Nothing failed, so an attempt number above 0 is the speculative copy, and it won.
+    assert int(metrics[1]["task_attempts"]["0"]) >= 1, metrics[1]
+    # The executors' logs show both attempts of one task, running at once on the two hosts.
+    attempts = cluster.task_attempts(cluster.applications() - before)
+    hosts: dict[tuple[str, str, int], dict[int, str]] = {}
+    for app, stage, task, attempt, host in attempts:
+        hosts.setdefault((app, stage, task), {})[attempt] = host
+    speculated = [key for key, by_attempt in hosts.items() if {0, 1} <= set(by_attempt)
+                  and by_attempt[0] != by_attempt[1]]
+    assert speculated, f"no task ran two attempts on two hosts: {sorted(attempts)}"
+    assert_exactly_once(kafka_bootstrap, out, nums(rows * (last + 1)))
