@@ -1,0 +1,783 @@
+"""The writer: :class:`DualWriter` (normal path and recovery) and :func:`recover_all`."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import sqlalchemy as sa
+
+from kafka2pc import (
+    FatalError,
+    HeuristicOutcomeError,
+    IllegalStateError,
+    IndefiniteOutcomeError,
+    InvalidPreparedStateError,
+    Kafka2pcError,
+    PreparedTxnState,
+    ProducerFencedError,
+    TxnState,
+    UsageError,
+)
+
+from ._bind import Bind, Bound, bind
+from ._handle import DualWriteTransaction
+from ._lifecycle import WriterState, check_transition
+from ._schema import outbox_table as _make_outbox_table
+from ._schema import state_table as _make_state_table
+from ._store import StateStore, TakenOver, locked, store_for
+from ._values import (
+    DualWriteMetrics,
+    RecoveryResult,
+    Step,
+    StepHook,
+    TransactionMisuseError,
+    _decode_headers,
+    _encode_headers,
+    _Record,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from kafka2pc import Settlement, TwoPhaseCommitProducer
+
+__all__ = ["DualWriter", "recover_all"]
+
+logger = logging.getLogger(__name__)
+
+_SETTLE_LOCK_TIMEOUT_MS: Final = 30_000
+_T = TypeVar("_T")
+
+
+class DualWriter:
+    """Atomic writes to a SQL database and Kafka under one transactional id (KIP-939's dual-write recipe).
+
+    ``engine`` is the database holding the state table (and the outbox table
+    with ``retain_records=True``); the Sessions and Connections given to
+    :meth:`transaction` must use that same database.  ``producer_config`` is a
+    confluent-kafka producer configuration with ``transactional.id``: run one
+    writer per instance (or per shard), each with its own id.
+
+    ``retain_records=True`` also keeps each transaction's records in the
+    outbox table until Kafka has committed them, so that a transaction Kafka
+    aborted behind the database's back (heuristic outcome) is re-published by
+    :meth:`recover` instead of lost.  ``lock_timeout_ms`` bounds the wait for
+    the state row lock on PostgreSQL (SQLite's wait is the driver's busy
+    timeout).  ``kafka_timeout_s`` bounds the prepare (flush), commit and
+    abort calls (default: librdkafka's own limits, up to
+    ``transaction.timeout.ms``); a prepare that times out rolls the
+    transaction back, a commit that times out is settled through recovery.
+    ``on_step`` is a testing and tracing aid, called at every
+    :class:`Step`; an exception it raises before the database commit rolls
+    the transaction back.
+
+    Thread-safe: transactions of one writer run one at a time.
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        producer_config: Mapping[str, Any],
+        *,
+        state_table: sa.Table | None = None,
+        outbox_table: sa.Table | None = None,
+        retain_records: bool = False,
+        lock_timeout_ms: int | None = None,
+        on_step: StepHook | None = None,
+        settle_attempts: int = 5,
+        queue_full_timeout_s: float = 60.0,
+        kafka_timeout_s: float | None = None,
+    ) -> None:
+        tid = producer_config.get("transactional.id")
+        if not isinstance(tid, str) or not tid:
+            raise UsageError("producer_config must set 'transactional.id' to a non-empty string")
+        if len(tid) > 255:
+            raise UsageError("transactional.id must fit the state table's VARCHAR(255)")
+        if settle_attempts < 1:
+            raise UsageError("settle_attempts must be at least 1")
+        self._engine = engine
+        self._config = dict(producer_config)
+        self._tid = tid
+        metadata = sa.MetaData()
+        self._table = state_table if state_table is not None else _make_state_table(metadata)
+        if retain_records and outbox_table is None:
+            outbox_table = _make_outbox_table(metadata)
+        self._outbox = outbox_table
+        self._retain = retain_records
+        self._lock_timeout_ms = lock_timeout_ms
+        self._on_step = on_step
+        self._settle_attempts = settle_attempts
+        self._queue_full_timeout_s = queue_full_timeout_s
+        if kafka_timeout_s is not None and kafka_timeout_s <= 0:
+            raise UsageError("kafka_timeout_s must be positive (or None to wait as librdkafka does)")
+        self._kafka_timeout_s = kafka_timeout_s
+        self._store: StateStore = store_for(engine.dialect, self._table)
+        self._serial = threading.Lock()
+        self._owner: int | None = None
+        self._status = WriterState.NEW
+        self._producer: TwoPhaseCommitProducer | None = None
+        # The state row as this writer (or its recovery) last committed it: its stored
+        # state and its version token (see _store.py).  Valid while READY.
+        self._last_state: str | None = None
+        self._token: str | None = None
+        self._outbox_dirty = True  # the outbox may hold rows of this id (deleted by the next transaction)
+        self._open_since: float | None = None
+        self._in_doubt: PreparedTxnState | None = None
+        self._in_doubt_since: float | None = None
+        self._committed = 0
+        self._rolled_back = 0
+        self._recoveries = 0
+        self._heuristics = 0
+        self._republished = 0
+
+    # -- introspection -------------------------------------------------------------
+    @property
+    def transactional_id(self) -> str:
+        """The Kafka transactional id (and the state row's key)."""
+        return self._tid
+
+    @property
+    def state_table(self) -> sa.Table:
+        """The state table this writer locks and updates."""
+        return self._table
+
+    @property
+    def outbox_table(self) -> sa.Table | None:
+        """The outbox table (``None`` unless configured or ``retain_records=True``)."""
+        return self._outbox
+
+    @property
+    def retain_records(self) -> bool:
+        """Whether records are kept in the outbox until Kafka commits them."""
+        return self._retain
+
+    @property
+    def producer(self) -> TwoPhaseCommitProducer | None:
+        """The current producer (``None`` before the first recovery)."""
+        return self._producer
+
+    @property
+    def fenced(self) -> bool:
+        """True once another instance took over this transactional id; only :meth:`recover` resets it."""
+        return self._status is WriterState.FENCED
+
+    @property
+    def status(self) -> WriterState:
+        """Where the writer is in its life cycle."""
+        return self._status
+
+    def create_tables(self) -> None:
+        """Create the state (and outbox) table if missing: a convenience for scripts and tests."""
+        tables = [self._table] + ([self._outbox] if self._outbox is not None else [])
+        for table in tables:
+            table.create(self._engine, checkfirst=True)
+
+    def metrics(self) -> DualWriteMetrics:
+        """A snapshot of this writer's gauges and counters (no I/O; safe from any thread)."""
+        now = time.monotonic()
+        starts = [t for t in (self._open_since, self._in_doubt_since) if t is not None]
+        return DualWriteMetrics(
+            writers=1,
+            oldest_open_transaction_age_s=(now - min(starts)) if starts else None,
+            in_doubt_transactions=1 if self._in_doubt is not None else 0,
+            transactions_committed=self._committed,
+            transactions_rolled_back=self._rolled_back,
+            recoveries=self._recoveries,
+            heuristic_outcomes=self._heuristics,
+            records_republished=self._republished,
+        )
+
+    # -- life cycle ------------------------------------------------------------------
+    def recover(self, *, raise_on_heuristic: bool = True, acknowledge_heuristic: bool = False) -> RecoveryResult:
+        """Settle whatever the previous owner of this transactional id left, then accept new work.
+
+        First claims the state row: locks it, reads the stored
+        :class:`PreparedTxnState` (the empty state if there is no row), gives
+        the row a new version and commits that, so that no older instance can
+        commit its database side any more, whatever happens next.  Then, with
+        a new producer, ``init_transactions(keep_prepared_txn=True)`` and
+        ``complete_transaction(stored)``: the open Kafka transaction is
+        committed if the database committed its state, aborted otherwise.  The
+        new producer fences every older instance.  Idempotent: recovering again
+        finds nothing open.  A row lock held by another instance past the
+        lock timeout raises :class:`StateRowLockedError` before anything changed.
+
+        If Kafka had aborted the transaction the database committed (heuristic
+        outcome): with ``retain_records=True`` its records are re-published
+        in a new two-phase transaction and the result says how many; otherwise
+        :class:`~kafka2pc.HeuristicOutcomeError` is raised (after logging the
+        transactional id, the stored state and what to do), unless
+        ``raise_on_heuristic=False``, in which case the result reports it.
+        Until it is acknowledged every recovery finds it again:
+        ``acknowledge_heuristic=True`` logs its details once more (at ERROR,
+        for the operators' records), clears the stored state and reports
+        ``result.acknowledged``; later recoveries start clean.  The writer is
+        ready for new work either way.
+        """
+        with self._exclusive():
+            return self._recover(raise_on_heuristic=raise_on_heuristic, acknowledge=acknowledge_heuristic)
+
+    @contextmanager
+    def transaction(self, bind: Bind) -> Iterator[DualWriteTransaction]:
+        """Run one atomic database + Kafka transaction on ``bind`` (a Session or a Connection).
+
+        The database transaction is begun here (or the one ``bind`` already
+        has is adopted) and committed on a normal exit of the block; an
+        exception in the block rolls back both sides and propagates.  Runs
+        :meth:`recover` first if it was never run or a previous failure left
+        the outcome open.  Raises :class:`~kafka2pc.ProducerFencedError` when
+        another instance took over the transactional id (whatever step that
+        happened at), :class:`TransactionMisuseError` when the block committed,
+        rolled back or closed the bound database transaction, and
+        :class:`~kafka2pc.IndefiniteOutcomeError` when the database commit's
+        outcome cannot be read back (the Kafka transaction then stays prepared
+        until :meth:`recover`).
+        """
+        with self._exclusive():
+            self._ensure_ready()
+            bound = _bind_target(bind, self._tid)
+            bound.install()
+            try:
+                yield from self._run(bound, self._require_producer())
+            finally:
+                bound.remove()
+
+    def close(self) -> None:
+        """Release the producer.  A prepared transaction is left for the next :meth:`recover`."""
+        producer, self._producer = self._producer, None
+        if self._status is not WriterState.IN_TRANSACTION:
+            self._to(WriterState.CLOSED) if self._status is not WriterState.RECOVERING else None
+        if producer is not None:
+            try:
+                producer.close()
+            except Exception:  # a fenced producer's flush raises; there is nothing left to release
+                logger.debug("%s: closing the producer failed", self._tid, exc_info=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- state -----------------------------------------------------------------------
+    def _to(self, target: WriterState) -> None:
+        check_transition(self._tid, self._status, target)
+        self._status = target
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        if self._owner == threading.get_ident():
+            raise IllegalStateError(f"{self._tid!r}: transaction() and recover() cannot be nested")
+        with self._serial:
+            self._owner = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._owner = None
+
+    def _step(self, step: Step) -> None:
+        if self._on_step is not None:
+            self._on_step(step)
+
+    def _ensure_ready(self) -> None:
+        if self._status is WriterState.FENCED:
+            raise ProducerFencedError(
+                f"{self._tid!r} was taken over by another instance; call recover() only if that one is gone"
+            )
+        producer = self._producer
+        if self._status is not WriterState.READY or producer is None or producer.state is not TxnState.READY:
+            self._recover(raise_on_heuristic=True, acknowledge=False)
+
+    def _require_producer(self) -> TwoPhaseCommitProducer:
+        if self._producer is None:
+            raise IllegalStateError(f"{self._tid!r}: no producer; call recover() first")
+        return self._producer
+
+    def _kafka(self, call: Callable[[], _T]) -> _T:
+        """A producer call; an error that is not a kafka2pc one (librdkafka's binding can raise a bare
+        ``SystemError`` from ``flush`` on a fenced producer) becomes :class:`~kafka2pc.FatalError`."""
+        try:
+            return call()
+        except Kafka2pcError:
+            raise
+        except Exception as exc:
+            raise FatalError(f"{self._tid!r}: the producer failed: {exc!r}") from exc
+
+    def _produce(self, producer: TwoPhaseCommitProducer, topic: str, kwargs: dict[str, Any]) -> None:
+        from kafka2pc import QueueFullError
+
+        deadline = time.monotonic() + self._queue_full_timeout_s
+        while True:
+            try:
+                self._kafka(lambda: producer.produce(topic, **kwargs))
+                return
+            except QueueFullError:
+                if time.monotonic() > deadline:
+                    raise
+                producer.poll(0.05)
+
+    def _parse(self, stored: str | None) -> PreparedTxnState:
+        try:
+            return PreparedTxnState(stored) if stored else PreparedTxnState()
+        except InvalidPreparedStateError as exc:
+            raise InvalidPreparedStateError(
+                f"{self._tid!r}: the state row in {self._table.name} holds a malformed prepared state "
+                f"{stored!r} ({exc}); fix or clear it (an operator decision), then recover()"
+            ) from exc
+
+    def _fenced_error(self, detail: str) -> ProducerFencedError:
+        if self._status is not WriterState.FENCED:
+            self._to(WriterState.FENCED)
+        return ProducerFencedError(
+            f"{self._tid!r}: {detail}: another instance (or an operator's `kafka2pc recover`) took over the "
+            "transactional id; this transaction is rolled back on both sides and this writer stops "
+            "(recover() takes over again)"
+        )
+
+    def _taken_over_now(self) -> bool:
+        """True when the state row no longer carries this writer's token (read in a new connection)."""
+        token = self._token
+        if token is None:
+            return False
+        try:
+            with self._engine.connect() as conn:
+                return self._store.version(conn, self._tid) != token
+        except sa.exc.SQLAlchemyError:
+            logger.debug("%s: cannot read the state row's version", self._tid, exc_info=True)
+            return False
+
+    # -- normal path -----------------------------------------------------------------
+    def _run(self, bound: Bound, producer: TwoPhaseCommitProducer) -> Iterator[DualWriteTransaction]:
+        conn = bound.connection
+        tx = DualWriteTransaction(self, producer, conn)
+        token = self._token
+        if token is None:
+            raise IllegalStateError(f"{self._tid!r}: no state row token; call recover() first")
+        self._to(WriterState.IN_TRANSACTION)
+        self._open_since = time.monotonic()
+        kafka_begun = combined = cleaned = False
+        store = self._store
+        try:
+            token = locked(store, self._tid, "begin a transaction",
+                           lambda: store.enter(conn, self._tid, token, self._lock_timeout_ms))
+            if self._retain and self._outbox_dirty:
+                self._delete_outbox(conn)
+                cleaned = True
+            self._step(Step.DB_BEGUN)
+            self._kafka(producer.begin_transaction)
+            kafka_begun = True
+            self._step(Step.KAFKA_BEGUN)
+            yield tx
+            if bound.misuse is None:
+                bound.flush()
+            if bound.misuse is not None:
+                raise bound.misuse_error()
+            self._step(Step.BODY_DONE)
+            state = self._kafka(lambda: producer.prepare_transaction(self._kafka_timeout_s))
+            tx._prepared = state
+            self._step(Step.PREPARED)
+            if self._retain:
+                self._insert_outbox(conn, state, tx._records)
+            # PostgreSQL over psycopg 3 with a Connection: the state update goes with the
+            # COMMIT in one round trip (store_and_commit); Steps as if they were two.
+            combined = store.combined_commit and not bound.session
+            if not combined:
+                token = store.store(conn, self._tid, str(state), token, self._last_state)
+            self._step(Step.STATE_STORED)
+            self._step(Step.DB_COMMITTING)
+        except BaseException as exc:
+            self._open_since = None
+            error = self._fail(bound, producer if kafka_begun else None, exc)
+            if error is exc:
+                raise
+            raise error from exc
+        try:
+            self._finish(bound, producer, state, token, combined, cleaned)
+        finally:
+            self._open_since = None
+
+    def _fail(self, bound: Bound, producer: TwoPhaseCommitProducer | None, cause: BaseException) -> BaseException:
+        """Roll back both sides after ``cause``; return the error to raise (``cause`` or a clearer one)."""
+        self._rolled_back += 1
+        try:
+            bound.rollback()
+        except Exception:  # the server rolls back a dead connection's transaction by itself
+            logger.warning("%s: database rollback failed", self._tid, exc_info=True)
+        fenced = isinstance(cause, (TakenOver, ProducerFencedError))
+        if producer is not None:
+            try:
+                self._kafka(lambda: producer.abort_transaction(self._kafka_timeout_s))
+            except Kafka2pcError as exc:
+                # The database rolled back, so abort is the only right outcome; the next
+                # recovery aborts whatever is still open (the stored state is not this one).
+                fenced = fenced or isinstance(exc, ProducerFencedError)
+                logger.warning("%s: abort after %r failed (%s)", self._tid, cause, exc)
+        if not fenced and isinstance(cause, Kafka2pcError) and not isinstance(cause, UsageError):
+            fenced = self._taken_over_now()  # e.g. a fenced producer's flush that failed oddly
+        if fenced:
+            return self._fenced_error(f"the transaction failed ({cause!r})" if not isinstance(cause, TakenOver)
+                                      else "the state row changed since this writer last wrote it")
+        if bound.misuse is not None and not isinstance(cause, TransactionMisuseError):
+            if isinstance(cause, Exception):
+                self._to(WriterState.READY if producer is None or producer.state is TxnState.READY
+                         else WriterState.NEEDS_RECOVERY)
+                return bound.misuse_error()
+        self._to(WriterState.READY if producer is None or producer.state is TxnState.READY
+                 else WriterState.NEEDS_RECOVERY)
+        return cause
+
+    def _finish(
+        self, bound: Bound, producer: TwoPhaseCommitProducer, state: PreparedTxnState,
+        token: str, combined: bool, cleaned: bool,
+    ) -> None:
+        try:
+            if combined:
+                token = self._store.store_and_commit(bound.connection, self._tid, str(state), token, self._last_state)
+            bound.commit()  # after store_and_commit: bookkeeping only, psycopg sends nothing
+        except TakenOver as exc:  # the guarded update failed: nothing committed
+            raise self._fail(bound, producer, exc) from exc
+        except BaseException as exc:
+            if not self._settle_unknown_db_commit(bound, producer, state, exc):
+                self._rolled_back += 1
+                raise
+            self._committed += 1
+            return
+        self._token = token
+        self._last_state = str(state)
+        self._outbox_dirty = self._retain or (self._outbox_dirty and not cleaned)
+        self._to(WriterState.READY)
+        self._step(Step.DB_COMMITTED)
+        try:
+            self._kafka(lambda: producer.commit_transaction(self._kafka_timeout_s))
+        except Kafka2pcError as exc:
+            self._to(WriterState.IN_TRANSACTION)
+            self._after_kafka_commit_failure(producer, state, exc)
+        self._committed += 1
+        self._step(Step.KAFKA_COMMITTED)
+
+    def _settle_unknown_db_commit(
+        self, bound: Bound, producer: TwoPhaseCommitProducer, state: PreparedTxnState, cause: BaseException
+    ) -> bool:
+        """COMMIT raised: read what the database decided and complete Kafka accordingly; True if committed."""
+        try:
+            bound.rollback()  # no-op if the commit went through; releases a still-open transaction
+        except sa.exc.SQLAlchemyError:
+            logger.debug("%s: rollback after the failed COMMIT failed too (dead connection)", self._tid)
+        # The row's new token is not known for sure: the next transaction recovers (and claims) first.
+        self._to(WriterState.NEEDS_RECOVERY)
+        try:
+            with self._engine.connect() as conn, conn.begin():
+                stored = self._store.read_settled(conn, self._tid, _SETTLE_LOCK_TIMEOUT_MS)
+        except sa.exc.SQLAlchemyError as read_exc:
+            self._in_doubt, self._in_doubt_since = state, time.monotonic()
+            logger.error(
+                "%s: the database COMMIT failed (%r) and the stored state cannot be read (%r): Kafka "
+                "transaction %s stays prepared until recover()", self._tid, cause, read_exc, state,
+            )
+            raise IndefiniteOutcomeError(
+                f"{self._tid!r}: outcome of the database COMMIT unknown ({cause!r}) and the state row cannot be "
+                f"read ({read_exc!r}); the Kafka transaction {state} stays prepared: call recover()",
+                state=state,
+            ) from cause
+        committed = stored == str(state)
+        logger.warning(
+            "%s: the database COMMIT raised %r; the state row says it %s: %s the Kafka transaction",
+            self._tid, cause, "committed" if committed else "rolled back", "committing" if committed else "aborting",
+        )
+        if committed:
+            self._last_state = stored
+            self._outbox_dirty = self._retain
+        try:
+            self._kafka(lambda: producer.complete_transaction(self._parse(stored)))
+        except Kafka2pcError as exc:
+            if committed:
+                self._to(WriterState.IN_TRANSACTION)
+                self._after_kafka_commit_failure(producer, state, exc)
+            else:
+                logger.warning("%s: abort after a rolled-back COMMIT failed (%s)", self._tid, exc)
+        return committed
+
+    def _after_kafka_commit_failure(
+        self, producer: TwoPhaseCommitProducer, state: PreparedTxnState, cause: Kafka2pcError
+    ) -> None:
+        """The database committed ``state`` but Kafka's commit failed: settle, never guess."""
+        self._in_doubt, self._in_doubt_since = state, time.monotonic()
+        if isinstance(cause, ProducerFencedError) or self._taken_over_now():
+            # Another instance recovered this id: it read our state from the database and
+            # settled our transaction.  Only look (recovering would fence it in turn).
+            from kafka2pc import TransactionOutcome
+            from kafka2pc._recovery import outcome_of
+
+            self._to(WriterState.FENCED)
+            outcome = outcome_of(producer.control_plane, state)
+            if outcome is TransactionOutcome.COMMITTED:
+                logger.warning("%s: fenced during commit; the new owner committed %s", self._tid, state)
+                self._in_doubt = self._in_doubt_since = None
+                return
+            if outcome is TransactionOutcome.ABORTED:
+                self._heuristics += 1
+                raise HeuristicOutcomeError(
+                    f"{self._tid!r}: the database committed {state} but Kafka aborted it, and another instance "
+                    "owns the id now (its recover() re-publishes retained records)",
+                    transactional_id=self._tid, state=state, outcome="aborted",
+                ) from cause
+            raise IndefiniteOutcomeError(
+                f"{self._tid!r}: fenced while committing {state}; its outcome is {outcome.value}", state=state
+            ) from cause
+        logger.warning("%s: Kafka commit of %s failed (%s): settling through recovery", self._tid, state, cause)
+        try:
+            self._recover(raise_on_heuristic=True, acknowledge=False)
+        except HeuristicOutcomeError:
+            raise
+        except Kafka2pcError as exc:
+            raise IndefiniteOutcomeError(
+                f"{self._tid!r}: the database committed {state} but the Kafka commit failed ({cause}) and could not "
+                f"be settled yet ({exc}); recover() commits it later: do not redo the transaction",
+                state=state,
+            ) from exc
+
+    def _insert_outbox(self, conn: sa.Connection, state: PreparedTxnState, records: list[_Record]) -> None:
+        if self._outbox is None or not records:
+            return
+        conn.execute(
+            sa.insert(self._outbox),
+            [
+                {
+                    "transactional_id": self._tid,
+                    "seq": i,
+                    "prepared_txn_state": str(state),
+                    "topic": r.topic,
+                    "kafka_partition": r.partition,
+                    "record_key": r.key,
+                    "record_value": r.value,
+                    "headers": _encode_headers(r.headers),
+                }
+                for i, r in enumerate(records)
+            ],
+        )
+
+    def _delete_outbox(self, conn: sa.Connection) -> None:
+        """Delete this id's outbox rows in ``conn``'s transaction (the caller records it once that commits)."""
+        if self._outbox is not None:
+            conn.execute(sa.delete(self._outbox).where(self._outbox.c.transactional_id == self._tid))
+
+    # -- recovery --------------------------------------------------------------------
+    def _recover(self, *, raise_on_heuristic: bool, acknowledge: bool) -> RecoveryResult:
+        old, self._producer = self._producer, None
+        if old is not None:
+            try:
+                old.close()
+            except Exception:  # the new producer fences it anyway
+                logger.debug("%s: closing the old producer failed", self._tid, exc_info=True)
+        self._to(WriterState.RECOVERING)
+        self._recoveries += 1
+        self._token = None
+        try:
+            result, heuristic_error = self._recover_steps(acknowledge)
+        except TakenOver as exc:
+            raise self._fenced_error("the state row changed during the recovery") from exc
+        except BaseException:
+            self._to(WriterState.NEEDS_RECOVERY)
+            raise
+        self._to(WriterState.READY)
+        self._in_doubt = self._in_doubt_since = None
+        settlement = result.settlement
+        assert settlement is not None
+        logger.info(
+            "%s: recovered (stored %s; %s -> %s%s)", self._tid, result.stored_state, settlement.plan.decision.value,
+            settlement.outcome.value, f"; re-published {result.republished} records" if result.republished else "",
+        )
+        if heuristic_error is not None and raise_on_heuristic and not result.acknowledged:
+            raise heuristic_error
+        return result
+
+    def _recover_steps(self, acknowledge: bool) -> tuple[RecoveryResult, HeuristicOutcomeError | None]:
+        from kafka2pc import TwoPhaseCommitProducer
+
+        store = self._store
+        # 1. The claim, committed before Kafka is touched: from here on no older writer's
+        #    database commit can succeed (its token is void), whatever dies when.
+        with self._engine.connect() as conn, conn.begin():
+            claimed = locked(store, self._tid, "recover (claim the state row)",
+                             lambda: store.claim(conn, self._tid, self._lock_timeout_ms))
+            state = self._parse(claimed.state)
+            self._step(Step.RECOVERY_LOCKED)
+        stored, token = claimed.state, claimed.token
+        self._step(Step.RECOVERY_CLAIMED)
+        # 2. Kafka: fence every older producer and settle the stored transaction.
+        producer = TwoPhaseCommitProducer(self._config)
+        try:
+            self._kafka(lambda: producer.init_transactions(keep_prepared_txn=True))
+            settlement, heuristic_error = self._complete(producer, state)
+        except BaseException:
+            producer.close()
+            raise
+        self._producer = producer
+        self._step(Step.RECOVERY_SETTLED)
+        # 3. Under the claim (the row still carries its token): outbox, re-publication, acknowledgement.
+        republished, acknowledged = 0, False
+        with self._engine.connect() as conn:
+            conn.begin()
+            try:
+                token = locked(store, self._tid, "recover (finish under the claim)",
+                               lambda: store.touch(conn, self._tid, token, self._lock_timeout_ms))
+                if heuristic_error is not None:
+                    self._log_heuristic(conn, state)
+                    if self._retain:
+                        republished, stored, token = self._republish(conn, producer, state, stored, token)
+                        if republished:
+                            heuristic_error = None
+                    if heuristic_error is not None and acknowledge:
+                        token = store.store(conn, self._tid, None, token, stored)
+                        stored, acknowledged = None, True
+                        self._log_acknowledged(state)
+                else:
+                    self._delete_outbox(conn)  # the stored transaction is settled: its copies are spent
+                if conn.in_transaction():
+                    conn.commit()
+                    if heuristic_error is None and not republished:
+                        self._outbox_dirty = False
+            except BaseException:
+                try:
+                    conn.rollback()
+                except sa.exc.SQLAlchemyError:
+                    logger.debug("%s: rollback of the recovery transaction failed", self._tid, exc_info=True)
+                raise
+        self._last_state, self._token = stored, token
+        return RecoveryResult(self._tid, state, settlement, republished, acknowledged=acknowledged), heuristic_error
+
+    def _complete(
+        self, producer: TwoPhaseCommitProducer, state: PreparedTxnState
+    ) -> tuple[Settlement, HeuristicOutcomeError | None]:
+        from kafka2pc import Settlement, TransactionOutcome
+        from kafka2pc._recovery import plan
+
+        for attempt in range(1, self._settle_attempts + 1):
+            try:
+                self._kafka(lambda: producer.complete_transaction(state))
+            except HeuristicOutcomeError as exc:
+                self._heuristics += 1
+                return Settlement(plan(producer.control_plane, self._tid, state), TransactionOutcome.ABORTED), exc
+            except IndefiniteOutcomeError:
+                if attempt == self._settle_attempts:
+                    raise
+                logger.warning("%s: completing %s: outcome unknown, retrying (%d/%d)",
+                               self._tid, state, attempt, self._settle_attempts)
+                time.sleep(min(0.2 * 2**attempt, 5.0))
+                continue
+            settled = producer.last_settlement
+            if settled is None:
+                raise IllegalStateError(f"{self._tid!r}: complete_transaction() reported no settlement")
+            return settled, None
+        raise IllegalStateError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+    def _log_heuristic(self, conn: sa.Connection, state: PreparedTxnState) -> None:
+        retained = 0
+        if self._outbox is not None:
+            retained = conn.execute(
+                sa.select(sa.func.count()).select_from(self._outbox).where(
+                    self._outbox.c.transactional_id == self._tid,
+                    self._outbox.c.prepared_txn_state == str(state),
+                )
+            ).scalar_one()
+        anchor = state.anchor
+        logger.error(
+            "HEURISTIC OUTCOME for %r: the database committed the prepared Kafka transaction %s (first record "
+            "%s), but Kafka aborted it (transaction.timeout.ms exceeded while its owner was down, or an operator "
+            "terminated it): its records are not visible to read_committed consumers. %s",
+            self._tid, state,
+            f"{anchor[0].topic}-{anchor[0].partition}@{anchor[1]}" if anchor else "none",
+            f"Re-publishing the {retained} records retained in {self._outbox.name}."  # type: ignore[union-attr]
+            if retained and self._retain
+            else "No retained records: re-create its records from the rows the database committed in that "
+            "transaction, then produce them again.",
+        )
+
+    def _log_acknowledged(self, state: PreparedTxnState) -> None:
+        anchor = state.anchor
+        logger.error(
+            "HEURISTIC OUTCOME ACKNOWLEDGED for %r: the stored prepared state %s (first record %s), which the "
+            "database committed and Kafka aborted, was cleared from %s; its records stay missing from Kafka "
+            "unless re-produced from the rows that transaction committed",
+            self._tid, state, f"{anchor[0].topic}-{anchor[0].partition}@{anchor[1]}" if anchor else "none",
+            self._table.name,
+        )
+
+    def _republish(
+        self, conn: sa.Connection, producer: TwoPhaseCommitProducer, state: PreparedTxnState,
+        stored: str | None, token: str,
+    ) -> tuple[int, str | None, str]:
+        """Re-publish the records retained for ``state`` as a new two-phase transaction on ``conn``.
+
+        The normal path again, on the recovery's database transaction (the row
+        is still locked): a crash anywhere in here leaves either the old state
+        stored (the next recovery aborts this attempt and re-publishes again)
+        or the new one (the next recovery commits it).  Exactly once either way.
+        Returns the count, the stored state and the row's token afterwards.
+        """
+        outbox = self._outbox
+        if outbox is None:
+            return 0, stored, token
+        where = sa.and_(outbox.c.transactional_id == self._tid, outbox.c.prepared_txn_state == str(state))
+        rows = conn.execute(sa.select(outbox).where(where).order_by(outbox.c.seq)).all()
+        if not rows:
+            return 0, stored, token
+        self._kafka(producer.begin_transaction)
+        self._step(Step.KAFKA_BEGUN)
+        for row in rows:
+            kwargs: dict[str, Any] = {"value": row.record_value, "key": row.record_key}
+            if row.kafka_partition is not None:
+                kwargs["partition"] = row.kafka_partition
+            headers = _decode_headers(row.headers)
+            if headers is not None:
+                kwargs["headers"] = headers
+            self._produce(producer, row.topic, kwargs)
+        self._step(Step.BODY_DONE)
+        new_state = self._kafka(lambda: producer.prepare_transaction(self._kafka_timeout_s))
+        self._step(Step.PREPARED)
+        conn.execute(sa.update(outbox).where(where).values(prepared_txn_state=str(new_state)))
+        token = self._store.store(conn, self._tid, str(new_state), token, stored)
+        self._step(Step.STATE_STORED)
+        self._step(Step.DB_COMMITTING)
+        conn.commit()
+        self._last_state, self._token = str(new_state), token
+        self._outbox_dirty = True
+        self._step(Step.DB_COMMITTED)
+        self._kafka(lambda: producer.commit_transaction(self._kafka_timeout_s))
+        self._step(Step.KAFKA_COMMITTED)
+        self._republished += len(rows)
+        logger.warning("%s: re-published %d retained records of %s as %s", self._tid, len(rows), state, new_state)
+        return len(rows), str(new_state), token
+
+
+def _bind_target(target: Bind, tid: str) -> Bound:
+    return bind(target, tid)
+
+
+def recover_all(writers: Iterable[DualWriter], *, max_workers: int | None = None) -> dict[str, RecoveryResult]:
+    """Recover many writers (one per instance or shard) in parallel; never raises.
+
+    Returns one :class:`RecoveryResult` per transactional id.  A heuristic
+    outcome is reported in the result (``result.heuristic``), any other
+    failure in ``result.error``, so that one stuck shard does not hide the
+    others: check both before starting work.
+    """
+    items = list(writers)
+    if not items:
+        return {}
+
+    def one(writer: DualWriter) -> RecoveryResult:
+        try:
+            return writer.recover(raise_on_heuristic=False)
+        except Exception as exc:  # noqa: BLE001 - reported per id
+            logger.error("recovery of %r failed: %s", writer.transactional_id, exc)
+            return RecoveryResult(writer.transactional_id, PreparedTxnState(), None, error=exc)
+
+    with ThreadPoolExecutor(max_workers=max_workers or min(8, len(items)), thread_name_prefix="k2pc-recover") as pool:
+        return {r.transactional_id: r for r in pool.map(one, items)}
