@@ -31,9 +31,11 @@ TRANSITIONS: Final[dict[WriterState, frozenset[WriterState]]] = {
     _S.NEW: frozenset({_S.RECOVERING, _S.CLOSED}),
     _S.RECOVERING: frozenset({_S.READY, _S.NEEDS_RECOVERY, _S.FENCED}),
     _S.READY: frozenset({_S.IN_TRANSACTION, _S.RECOVERING, _S.CLOSED}),
-    # A failed Kafka commit is settled by an inline recovery, still inside the transaction.
-    _S.IN_TRANSACTION: frozenset({_S.READY, _S.NEEDS_RECOVERY, _S.FENCED, _S.RECOVERING}),
-    _S.NEEDS_RECOVERY: frozenset({_S.RECOVERING, _S.CLOSED}),
+    # A failed Kafka commit is settled by an inline recovery, still inside the transaction;
+    # CLOSED: the transaction was interrupted (an exception from on_step, say) and the writer closed.
+    _S.IN_TRANSACTION: frozenset({_S.READY, _S.NEEDS_RECOVERY, _S.FENCED, _S.RECOVERING, _S.CLOSED}),
+    # FENCED: an unknown COMMIT outcome whose Kafka side turns out to be settled by another instance.
+    _S.NEEDS_RECOVERY: frozenset({_S.RECOVERING, _S.FENCED, _S.CLOSED}),
     _S.FENCED: frozenset({_S.RECOVERING, _S.CLOSED}),
     _S.CLOSED: frozenset({_S.RECOVERING, _S.CLOSED}),
 }

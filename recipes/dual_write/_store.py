@@ -310,8 +310,8 @@ class RowLockStore:
         return None if row is None else _token(row[0])
 
     def is_lock_error(self, exc: sa.exc.DBAPIError) -> bool:
-        args = getattr(exc.orig, "args", ())
-        return bool(args) and args[0] in self.lock_error_codes
+        args: tuple[Any, ...] = tuple(getattr(exc.orig, "args", ()))
+        return len(args) > 0 and args[0] in self.lock_error_codes
 
 
 class SQLiteStore(RowLockStore):

@@ -251,8 +251,8 @@ class DualWriter:
     def close(self) -> None:
         """Release the producer.  A prepared transaction is left for the next :meth:`recover`."""
         producer, self._producer = self._producer, None
-        if self._status is not WriterState.IN_TRANSACTION:
-            self._to(WriterState.CLOSED) if self._status is not WriterState.RECOVERING else None
+        if self._status is not WriterState.RECOVERING:  # a recovery in another thread ends by itself
+            self._to(WriterState.CLOSED)
         if producer is not None:
             try:
                 producer.close()
@@ -356,16 +356,17 @@ class DualWriter:
     def _run(self, bound: Bound, producer: TwoPhaseCommitProducer) -> Iterator[DualWriteTransaction]:
         conn = bound.connection
         tx = DualWriteTransaction(self, producer, conn)
-        token = self._token
-        if token is None:
+        if self._token is None:
             raise IllegalStateError(f"{self._tid!r}: no state row token; call recover() first")
+        token: str = self._token
         self._to(WriterState.IN_TRANSACTION)
         self._open_since = time.monotonic()
         kafka_begun = combined = cleaned = False
         store = self._store
         try:
-            token = locked(store, self._tid, "begin a transaction",
-                           lambda: store.enter(conn, self._tid, token, self._lock_timeout_ms))
+            entered: str = locked(store, self._tid, "begin a transaction",
+                                  lambda: store.enter(conn, self._tid, token, self._lock_timeout_ms))
+            token = entered
             if self._retain and self._outbox_dirty:
                 self._delete_outbox(conn)
                 cleaned = True
@@ -421,15 +422,12 @@ class DualWriter:
         if not fenced and isinstance(cause, Kafka2pcError) and not isinstance(cause, UsageError):
             fenced = self._taken_over_now()  # e.g. a fenced producer's flush that failed oddly
         if fenced:
-            return self._fenced_error(f"the transaction failed ({cause!r})" if not isinstance(cause, TakenOver)
-                                      else "the state row changed since this writer last wrote it")
-        if bound.misuse is not None and not isinstance(cause, TransactionMisuseError):
-            if isinstance(cause, Exception):
-                self._to(WriterState.READY if producer is None or producer.state is TxnState.READY
-                         else WriterState.NEEDS_RECOVERY)
-                return bound.misuse_error()
-        self._to(WriterState.READY if producer is None or producer.state is TxnState.READY
-                 else WriterState.NEEDS_RECOVERY)
+            return self._fenced_error("the state row changed since this writer last wrote it"
+                                      if isinstance(cause, TakenOver) else f"the transaction failed ({cause!r})")
+        settled = producer is None or producer.state is TxnState.READY
+        self._to(WriterState.READY if settled else WriterState.NEEDS_RECOVERY)
+        if bound.misuse is not None and isinstance(cause, Exception) and not isinstance(cause, TransactionMisuseError):
+            return bound.misuse_error()  # e.g. ResourceClosedError after a close() in the block
         return cause
 
     def _finish(
@@ -451,13 +449,13 @@ class DualWriter:
         self._token = token
         self._last_state = str(state)
         self._outbox_dirty = self._retain or (self._outbox_dirty and not cleaned)
-        self._to(WriterState.READY)
         self._step(Step.DB_COMMITTED)
         try:
             self._kafka(lambda: producer.commit_transaction(self._kafka_timeout_s))
         except Kafka2pcError as exc:
-            self._to(WriterState.IN_TRANSACTION)
             self._after_kafka_commit_failure(producer, state, exc)
+        else:
+            self._to(WriterState.READY)
         self._committed += 1
         self._step(Step.KAFKA_COMMITTED)
 
@@ -497,7 +495,6 @@ class DualWriter:
             self._kafka(lambda: producer.complete_transaction(self._parse(stored)))
         except Kafka2pcError as exc:
             if committed:
-                self._to(WriterState.IN_TRANSACTION)
                 self._after_kafka_commit_failure(producer, state, exc)
             else:
                 logger.warning("%s: abort after a rolled-back COMMIT failed (%s)", self._tid, exc)

@@ -168,13 +168,14 @@ def _url(db: str, pg_url: str, tmp_path: Path, cell: Cell) -> str:
 def _run(cells: list[Cell], pairs: list[tuple[Zygote, Zygote]], pg_url: str, bootstrap: str, tmp_path: Path) -> None:
     free = list(pairs)
     lock = threading.Lock()
+    for url in {_url(c.db, pg_url, tmp_path, c) for c in cells}:
+        _prepare(url).dispose()  # before the threads: concurrent CREATE TABLEs of one database collide
 
     def one(cell: Cell) -> Cell:
         with lock:
             pair = free.pop()
         try:
             url = _url(cell.db, pg_url, tmp_path, cell)
-            _prepare(url).dispose()
             return run_cell(cell, pair[0], pair[1], url, bootstrap, tmp_path)
         finally:
             with lock:
