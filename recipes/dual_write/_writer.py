@@ -5,19 +5,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 import sqlalchemy as sa
 
 from kafka2pc import (
-    FatalError,
     HeuristicOutcomeError,
     IllegalStateError,
     IndefiniteOutcomeError,
-    InvalidPreparedStateError,
     Kafka2pcError,
     PreparedTxnState,
     ProducerFencedError,
@@ -25,9 +23,11 @@ from kafka2pc import (
     UsageError,
 )
 
-from ._bind import Bind, Bound, bind
+from ._bind import Bind, Bound
+from ._bind import bind as bind_target
 from ._handle import DualWriteTransaction
-from ._lifecycle import WriterState, check_transition
+from ._recovery import Recovering
+from ._lifecycle import WriterState
 from ._schema import outbox_table as _make_outbox_table
 from ._schema import state_table as _make_state_table
 from ._store import StateStore, TakenOver, locked, store_for
@@ -37,25 +37,21 @@ from ._values import (
     Step,
     StepHook,
     TransactionMisuseError,
-    _decode_headers,
-    _encode_headers,
-    _Record,
 )
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from kafka2pc import Settlement, TwoPhaseCommitProducer
+    from kafka2pc import TwoPhaseCommitProducer
 
 __all__ = ["DualWriter", "recover_all"]
 
 logger = logging.getLogger(__name__)
 
 _SETTLE_LOCK_TIMEOUT_MS: Final = 30_000
-_T = TypeVar("_T")
 
 
-class DualWriter:
+class DualWriter(Recovering):
     """Atomic writes to a SQL database and Kafka under one transactional id (KIP-939's dual-write recipe).
 
     ``engine`` is the database holding the state table (and the outbox table
@@ -241,7 +237,7 @@ class DualWriter:
         """
         with self._exclusive():
             self._ensure_ready()
-            bound = _bind_target(bind, self._tid)
+            bound = bind_target(bind, self._tid)
             bound.install()
             try:
                 yield from self._run(bound, self._require_producer())
@@ -266,10 +262,6 @@ class DualWriter:
         self.close()
 
     # -- state -----------------------------------------------------------------------
-    def _to(self, target: WriterState) -> None:
-        check_transition(self._tid, self._status, target)
-        self._status = target
-
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
         if self._owner == threading.get_ident():
@@ -280,10 +272,6 @@ class DualWriter:
                 yield
             finally:
                 self._owner = None
-
-    def _step(self, step: Step) -> None:
-        if self._on_step is not None:
-            self._on_step(step)
 
     def _ensure_ready(self) -> None:
         if self._status is WriterState.FENCED:
@@ -298,59 +286,6 @@ class DualWriter:
         if self._producer is None:
             raise IllegalStateError(f"{self._tid!r}: no producer; call recover() first")
         return self._producer
-
-    def _kafka(self, call: Callable[[], _T]) -> _T:
-        """A producer call; an error that is not a kafka2pc one (librdkafka's binding can raise a bare
-        ``SystemError`` from ``flush`` on a fenced producer) becomes :class:`~kafka2pc.FatalError`."""
-        try:
-            return call()
-        except Kafka2pcError:
-            raise
-        except Exception as exc:
-            raise FatalError(f"{self._tid!r}: the producer failed: {exc!r}") from exc
-
-    def _produce(self, producer: TwoPhaseCommitProducer, topic: str, kwargs: dict[str, Any]) -> None:
-        from kafka2pc import QueueFullError
-
-        deadline = time.monotonic() + self._queue_full_timeout_s
-        while True:
-            try:
-                self._kafka(lambda: producer.produce(topic, **kwargs))
-                return
-            except QueueFullError:
-                if time.monotonic() > deadline:
-                    raise
-                producer.poll(0.05)
-
-    def _parse(self, stored: str | None) -> PreparedTxnState:
-        try:
-            return PreparedTxnState(stored) if stored else PreparedTxnState()
-        except InvalidPreparedStateError as exc:
-            raise InvalidPreparedStateError(
-                f"{self._tid!r}: the state row in {self._table.name} holds a malformed prepared state "
-                f"{stored!r} ({exc}); fix or clear it (an operator decision), then recover()"
-            ) from exc
-
-    def _fenced_error(self, detail: str) -> ProducerFencedError:
-        if self._status is not WriterState.FENCED:
-            self._to(WriterState.FENCED)
-        return ProducerFencedError(
-            f"{self._tid!r}: {detail}: another instance (or an operator's `kafka2pc recover`) took over the "
-            "transactional id; this transaction is rolled back on both sides and this writer stops "
-            "(recover() takes over again)"
-        )
-
-    def _taken_over_now(self) -> bool:
-        """True when the state row no longer carries this writer's token (read in a new connection)."""
-        token = self._token
-        if token is None:
-            return False
-        try:
-            with self._engine.connect() as conn:
-                return self._store.version(conn, self._tid) != token
-        except sa.exc.SQLAlchemyError:
-            logger.debug("%s: cannot read the state row's version", self._tid, exc_info=True)
-            return False
 
     # -- normal path -----------------------------------------------------------------
     def _run(self, bound: Bound, producer: TwoPhaseCommitProducer) -> Iterator[DualWriteTransaction]:
@@ -539,224 +474,7 @@ class DualWriter:
                 state=state,
             ) from exc
 
-    def _insert_outbox(self, conn: sa.Connection, state: PreparedTxnState, records: list[_Record]) -> None:
-        if self._outbox is None or not records:
-            return
-        conn.execute(
-            sa.insert(self._outbox),
-            [
-                {
-                    "transactional_id": self._tid,
-                    "seq": i,
-                    "prepared_txn_state": str(state),
-                    "topic": r.topic,
-                    "kafka_partition": r.partition,
-                    "record_key": r.key,
-                    "record_value": r.value,
-                    "headers": _encode_headers(r.headers),
-                }
-                for i, r in enumerate(records)
-            ],
-        )
-
-    def _delete_outbox(self, conn: sa.Connection) -> None:
-        """Delete this id's outbox rows in ``conn``'s transaction (the caller records it once that commits)."""
-        if self._outbox is not None:
-            conn.execute(sa.delete(self._outbox).where(self._outbox.c.transactional_id == self._tid))
-
     # -- recovery --------------------------------------------------------------------
-    def _recover(self, *, raise_on_heuristic: bool, acknowledge: bool) -> RecoveryResult:
-        old, self._producer = self._producer, None
-        if old is not None:
-            try:
-                old.close()
-            except Exception:  # the new producer fences it anyway
-                logger.debug("%s: closing the old producer failed", self._tid, exc_info=True)
-        self._to(WriterState.RECOVERING)
-        self._recoveries += 1
-        self._token = None
-        try:
-            result, heuristic_error = self._recover_steps(acknowledge)
-        except TakenOver as exc:
-            raise self._fenced_error("the state row changed during the recovery") from exc
-        except BaseException:
-            self._to(WriterState.NEEDS_RECOVERY)
-            raise
-        self._to(WriterState.READY)
-        self._in_doubt = self._in_doubt_since = None
-        settlement = result.settlement
-        assert settlement is not None
-        logger.info(
-            "%s: recovered (stored %s; %s -> %s%s)", self._tid, result.stored_state, settlement.plan.decision.value,
-            settlement.outcome.value, f"; re-published {result.republished} records" if result.republished else "",
-        )
-        if heuristic_error is not None and raise_on_heuristic and not result.acknowledged:
-            raise heuristic_error
-        return result
-
-    def _recover_steps(self, acknowledge: bool) -> tuple[RecoveryResult, HeuristicOutcomeError | None]:
-        from kafka2pc import TwoPhaseCommitProducer
-
-        store = self._store
-        # 1. The claim, committed before Kafka is touched: from here on no older writer's
-        #    database commit can succeed (its token is void), whatever dies when.
-        with self._engine.connect() as conn, conn.begin():
-            claimed = locked(store, self._tid, "recover (claim the state row)",
-                             lambda: store.claim(conn, self._tid, self._lock_timeout_ms))
-            state = self._parse(claimed.state)
-            self._step(Step.RECOVERY_LOCKED)
-        stored, token = claimed.state, claimed.token
-        self._step(Step.RECOVERY_CLAIMED)
-        # 2. Kafka: fence every older producer and settle the stored transaction.
-        producer = TwoPhaseCommitProducer(self._config)
-        try:
-            self._kafka(lambda: producer.init_transactions(keep_prepared_txn=True))
-            settlement, heuristic_error = self._complete(producer, state)
-        except BaseException:
-            producer.close()
-            raise
-        self._producer = producer
-        self._step(Step.RECOVERY_SETTLED)
-        # 3. Under the claim (the row still carries its token): outbox, re-publication, acknowledgement.
-        republished, acknowledged = 0, False
-        with self._engine.connect() as conn:
-            conn.begin()
-            try:
-                token = locked(store, self._tid, "recover (finish under the claim)",
-                               lambda: store.touch(conn, self._tid, token, self._lock_timeout_ms))
-                if heuristic_error is not None:
-                    self._log_heuristic(conn, state)
-                    if self._retain:
-                        republished, stored, token = self._republish(conn, producer, state, stored, token)
-                        if republished:
-                            heuristic_error = None
-                    if heuristic_error is not None and acknowledge:
-                        token = store.store(conn, self._tid, None, token, stored)
-                        stored, acknowledged = None, True
-                        self._log_acknowledged(state)
-                else:
-                    self._delete_outbox(conn)  # the stored transaction is settled: its copies are spent
-                if conn.in_transaction():
-                    conn.commit()
-                    if heuristic_error is None and not republished:
-                        self._outbox_dirty = False
-            except BaseException:
-                try:
-                    conn.rollback()
-                except sa.exc.SQLAlchemyError:
-                    logger.debug("%s: rollback of the recovery transaction failed", self._tid, exc_info=True)
-                raise
-        self._last_state, self._token = stored, token
-        return RecoveryResult(self._tid, state, settlement, republished, acknowledged=acknowledged), heuristic_error
-
-    def _complete(
-        self, producer: TwoPhaseCommitProducer, state: PreparedTxnState
-    ) -> tuple[Settlement, HeuristicOutcomeError | None]:
-        from kafka2pc import Settlement, TransactionOutcome
-        from kafka2pc._recovery import plan
-
-        for attempt in range(1, self._settle_attempts + 1):
-            try:
-                self._kafka(lambda: producer.complete_transaction(state))
-            except HeuristicOutcomeError as exc:
-                self._heuristics += 1
-                return Settlement(plan(producer.control_plane, self._tid, state), TransactionOutcome.ABORTED), exc
-            except IndefiniteOutcomeError:
-                if attempt == self._settle_attempts:
-                    raise
-                logger.warning("%s: completing %s: outcome unknown, retrying (%d/%d)",
-                               self._tid, state, attempt, self._settle_attempts)
-                time.sleep(min(0.2 * 2**attempt, 5.0))
-                continue
-            settled = producer.last_settlement
-            if settled is None:
-                raise IllegalStateError(f"{self._tid!r}: complete_transaction() reported no settlement")
-            return settled, None
-        raise IllegalStateError("unreachable: the last attempt returns or raises")  # pragma: no cover
-
-    def _log_heuristic(self, conn: sa.Connection, state: PreparedTxnState) -> None:
-        retained = 0
-        if self._outbox is not None:
-            retained = conn.execute(
-                sa.select(sa.func.count()).select_from(self._outbox).where(
-                    self._outbox.c.transactional_id == self._tid,
-                    self._outbox.c.prepared_txn_state == str(state),
-                )
-            ).scalar_one()
-        anchor = state.anchor
-        logger.error(
-            "HEURISTIC OUTCOME for %r: the database committed the prepared Kafka transaction %s (first record "
-            "%s), but Kafka aborted it (transaction.timeout.ms exceeded while its owner was down, or an operator "
-            "terminated it): its records are not visible to read_committed consumers. %s",
-            self._tid, state,
-            f"{anchor[0].topic}-{anchor[0].partition}@{anchor[1]}" if anchor else "none",
-            f"Re-publishing the {retained} records retained in {self._outbox.name}."  # type: ignore[union-attr]
-            if retained and self._retain
-            else "No retained records: re-create its records from the rows the database committed in that "
-            "transaction, then produce them again.",
-        )
-
-    def _log_acknowledged(self, state: PreparedTxnState) -> None:
-        anchor = state.anchor
-        logger.error(
-            "HEURISTIC OUTCOME ACKNOWLEDGED for %r: the stored prepared state %s (first record %s), which the "
-            "database committed and Kafka aborted, was cleared from %s; its records stay missing from Kafka "
-            "unless re-produced from the rows that transaction committed",
-            self._tid, state, f"{anchor[0].topic}-{anchor[0].partition}@{anchor[1]}" if anchor else "none",
-            self._table.name,
-        )
-
-    def _republish(
-        self, conn: sa.Connection, producer: TwoPhaseCommitProducer, state: PreparedTxnState,
-        stored: str | None, token: str,
-    ) -> tuple[int, str | None, str]:
-        """Re-publish the records retained for ``state`` as a new two-phase transaction on ``conn``.
-
-        The normal path again, on the recovery's database transaction (the row
-        is still locked): a crash anywhere in here leaves either the old state
-        stored (the next recovery aborts this attempt and re-publishes again)
-        or the new one (the next recovery commits it).  Exactly once either way.
-        Returns the count, the stored state and the row's token afterwards.
-        """
-        outbox = self._outbox
-        if outbox is None:
-            return 0, stored, token
-        where = sa.and_(outbox.c.transactional_id == self._tid, outbox.c.prepared_txn_state == str(state))
-        rows = conn.execute(sa.select(outbox).where(where).order_by(outbox.c.seq)).all()
-        if not rows:
-            return 0, stored, token
-        self._kafka(producer.begin_transaction)
-        self._step(Step.KAFKA_BEGUN)
-        for row in rows:
-            kwargs: dict[str, Any] = {"value": row.record_value, "key": row.record_key}
-            if row.kafka_partition is not None:
-                kwargs["partition"] = row.kafka_partition
-            headers = _decode_headers(row.headers)
-            if headers is not None:
-                kwargs["headers"] = headers
-            self._produce(producer, row.topic, kwargs)
-        self._step(Step.BODY_DONE)
-        new_state = self._kafka(lambda: producer.prepare_transaction(self._kafka_timeout_s))
-        self._step(Step.PREPARED)
-        conn.execute(sa.update(outbox).where(where).values(prepared_txn_state=str(new_state)))
-        token = self._store.store(conn, self._tid, str(new_state), token, stored)
-        self._step(Step.STATE_STORED)
-        self._step(Step.DB_COMMITTING)
-        conn.commit()
-        self._last_state, self._token = str(new_state), token
-        self._outbox_dirty = True
-        self._step(Step.DB_COMMITTED)
-        self._kafka(lambda: producer.commit_transaction(self._kafka_timeout_s))
-        self._step(Step.KAFKA_COMMITTED)
-        self._republished += len(rows)
-        logger.warning("%s: re-published %d retained records of %s as %s", self._tid, len(rows), state, new_state)
-        return len(rows), str(new_state), token
-
-
-def _bind_target(target: Bind, tid: str) -> Bound:
-    return bind(target, tid)
-
-
 def recover_all(writers: Iterable[DualWriter], *, max_workers: int | None = None) -> dict[str, RecoveryResult]:
     """Recover many writers (one per instance or shard) in parallel; never raises.
 
