@@ -59,6 +59,10 @@ def _engine_url(db_url: str) -> sa.URL:
     if url.drivername == "postgresql" and importlib.util.find_spec("psycopg2") is None:
         # SQLAlchemy's default PostgreSQL driver is psycopg2; kafka2pc depends on psycopg 3.
         url = url.set(drivername="postgresql+psycopg")
+    if url.drivername in ("mysql", "mariadb") and importlib.util.find_spec("MySQLdb") is None:
+        if importlib.util.find_spec("pymysql") is not None:
+            # SQLAlchemy's default MySQL driver is mysqlclient; kafka2pc's mysql extra installs PyMySQL.
+            url = url.set(drivername=f"{url.drivername}+pymysql")
     return url
 
 

@@ -64,13 +64,15 @@ from ._bind import Bind
 from ._handle import DualWriteTransaction
 from ._lifecycle import WriterState
 from ._schema import DEFAULT_OUTBOX_TABLE, DEFAULT_STATE_TABLE, outbox_table, state_table
-from ._store import PostgresStore, RowLockStore, SQLiteStore, StateStore, store_for
+from ._store import MySQLStore, PostgresStore, RowLockStore, SQLiteStore, StateStore, store_for
 from ._values import (
     DualWriteMetrics,
+    MissingTableError,
     RecoveryResult,
     StateRowLockedError,
     Step,
     StepHook,
+    TopicNotFoundError,
     TransactionMisuseError,
 )
 from ._writer import DualWriter, recover_all
@@ -82,6 +84,8 @@ __all__ = [
     "DualWriteMetrics",
     "DualWriteTransaction",
     "DualWriter",
+    "MissingTableError",
+    "MySQLStore",
     "PostgresStore",
     "RecoveryResult",
     "RowLockStore",
@@ -90,6 +94,7 @@ __all__ = [
     "StateStore",
     "Step",
     "StepHook",
+    "TopicNotFoundError",
     "TransactionMisuseError",
     "WriterState",
     "outbox_table",

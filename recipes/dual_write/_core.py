@@ -20,6 +20,7 @@ from kafka2pc import (
 
 from ._lifecycle import WriterState, check_transition
 from ._store import StateStore
+from ._topics import TopicCheck
 from ._values import Step, StepHook, _encode_headers, _Record
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class WriterCore:
     _recoveries: int
     _heuristics: int
     _republished: int
+    _topics: TopicCheck
 
     def _to(self, target: WriterState) -> None:
         check_transition(self._tid, self._status, target)
@@ -87,6 +89,7 @@ class WriterCore:
     def _produce(self, producer: TwoPhaseCommitProducer, topic: str, kwargs: dict[str, Any]) -> None:
         from kafka2pc import QueueFullError
 
+        self._topics.require(topic, self._tid)
         deadline = time.monotonic() + self._queue_full_timeout_s
         while True:
             try:

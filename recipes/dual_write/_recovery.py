@@ -18,7 +18,7 @@ from kafka2pc import (
 from ._core import WriterCore
 from ._lifecycle import WriterState
 from ._store import TakenOver, locked
-from ._values import RecoveryResult, Step, _decode_headers
+from ._values import MissingTableError, RecoveryResult, Step, _decode_headers
 
 if TYPE_CHECKING:
     from kafka2pc import Settlement, TwoPhaseCommitProducer
@@ -42,7 +42,13 @@ class Recovering(WriterCore):
         self._recoveries += 1
         self._token = None
         try:
-            result, heuristic_error = self._recover_steps(acknowledge)
+            try:
+                result, heuristic_error = self._recover_steps(acknowledge)
+            except sa.exc.DBAPIError as exc:
+                missing = self._missing_table_error()
+                if missing is None:
+                    raise
+                raise missing from exc
         except TakenOver as exc:
             raise self._fenced_error("the state row changed during the recovery") from exc
         except BaseException:
@@ -217,3 +223,22 @@ class Recovering(WriterCore):
         self._republished += len(rows)
         logger.warning("%s: re-published %d retained records of %s as %s", self._tid, len(rows), state, new_state)
         return len(rows), str(new_state), token
+
+    def _missing_table_error(self) -> MissingTableError | None:
+        """After a database error: the error naming a missing state or outbox table, if one is missing."""
+        tables = [self._table] + ([self._outbox] if self._retain and self._outbox is not None else [])
+        try:
+            with self._engine.connect() as conn:
+                inspector = sa.inspect(conn)
+                missing = [t for t in tables if not inspector.has_table(t.name, schema=t.schema)]
+        except sa.exc.SQLAlchemyError:
+            return None
+        if not missing:
+            return None
+        names = ", ".join(t.fullname for t in missing)
+        return MissingTableError(
+            f"{self._tid!r}: the table {names} does not exist in {self._engine.url.render_as_string(hide_password=True)}. "
+            "Create it once with the application's tables: state_table(metadata)"
+            f"{' and outbox_table(metadata)' if self._retain else ''} on your MetaData, then "
+            "metadata.create_all(engine) (or an Alembic migration); writer.create_tables() does it for scripts"
+        )

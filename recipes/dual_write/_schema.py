@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
 
 __all__ = ["DEFAULT_OUTBOX_TABLE", "DEFAULT_STATE_TABLE", "outbox_table", "state_table"]
 
@@ -18,7 +19,8 @@ def state_table(metadata: sa.MetaData, name: str = DEFAULT_STATE_TABLE, *, schem
     Defined with SQLAlchemy Core on the caller's ``metadata`` so that
     ``metadata.create_all`` and Alembic autogenerate see it like any other
     table.  One row per transactional id; ``updated_at`` (UTC) is when a
-    transaction or a recovery last locked the row.  Calling it again with the
+    transaction or a recovery last wrote the row, moved strictly forward by
+    every write (it is the row's version on databases other than PostgreSQL).  Calling it again with the
     same name returns the table already defined.
     """
     key = name if schema is None else f"{schema}.{name}"
@@ -30,7 +32,8 @@ def state_table(metadata: sa.MetaData, name: str = DEFAULT_STATE_TABLE, *, schem
         metadata,
         sa.Column("transactional_id", sa.String(255), primary_key=True),
         sa.Column("prepared_txn_state", sa.String(255), nullable=True),
-        sa.Column("updated_at", sa.TIMESTAMP(), nullable=True),
+        # MySQL/MariaDB: microseconds (their TIMESTAMP keeps whole seconds; the column is the row's version).
+        sa.Column("updated_at", sa.TIMESTAMP().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb"), nullable=True),
         schema=schema,
     )
 

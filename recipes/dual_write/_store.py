@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar
 
 import sqlalchemy as sa
 
@@ -40,7 +40,9 @@ from ._values import StateRowLockedError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["PostgresStore", "RowLockStore", "SQLiteStore", "StateStore", "TakenOver", "store_for"]
+_R = TypeVar("_R")
+
+__all__ = ["MySQLStore", "PostgresStore", "RowLockStore", "SQLiteStore", "StateStore", "TakenOver", "store_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -345,6 +347,44 @@ class SQLiteStore(RowLockStore):
         return "database is locked" in str(exc.orig) or "database table is locked" in str(exc.orig)
 
 
+class MySQLStore(RowLockStore):
+    """MySQL and MariaDB (InnoDB): row locks; the lock timeout is ``innodb_lock_wait_timeout`` (whole
+    seconds), set for the locking statement only.  A missing row is created with ``INSERT .. ON
+    DUPLICATE KEY UPDATE``, which locks it at once (a ``SELECT .. FOR UPDATE`` of a missing row
+    takes a gap lock, and two claimers inserting under gap locks deadlock)."""
+
+    @staticmethod
+    def _bounded(conn: sa.Connection, lock_timeout_ms: int | None, call: Callable[[], _R]) -> _R:
+        if lock_timeout_ms is None:
+            return call()
+        previous = conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar_one()
+        conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(1, -(-int(lock_timeout_ms) // 1000))}")
+        try:
+            return call()
+        finally:
+            conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {int(previous)}")
+
+    def _lock(self, conn: sa.Connection, tid: str, lock_timeout_ms: int | None) -> tuple[str | None, Any] | None:
+        return self._bounded(conn, lock_timeout_ms, lambda: super(MySQLStore, self)._lock(conn, tid, None))
+
+    def _create(self, conn: sa.Connection, tid: str) -> None:
+        from sqlalchemy.dialects import mysql
+
+        insert = mysql.insert(self.table).values(transactional_id=tid, prepared_txn_state=None, updated_at=None)
+        conn.execute(insert.on_duplicate_key_update(transactional_id=insert.inserted.transactional_id))
+
+    def claim(self, conn: sa.Connection, tid: str, lock_timeout_ms: int | None) -> Claimed:
+        def create_and_lock() -> tuple[str | None, Any] | None:
+            self._create(conn, tid)  # locks the row, existing or new
+            return RowLockStore._lock(self, conn, tid, None)
+
+        found = self._bounded(conn, lock_timeout_ms, create_and_lock)
+        if found is None:
+            raise IllegalStateError(f"{tid!r}: the state row cannot be created in {self.table.name}")
+        state, old = found
+        return Claimed(state, self._bump(conn, tid, old, {}))
+
+
 def _token(value: Any) -> str:
     if value is None:
         return ""
@@ -359,4 +399,6 @@ def store_for(dialect: sa.Dialect, table: sa.Table) -> StateStore:
         return PostgresStore(table, dialect.driver)
     if dialect.name == "sqlite":
         return SQLiteStore(table)
+    if dialect.name in ("mysql", "mariadb"):
+        return MySQLStore(table)
     return RowLockStore(table)

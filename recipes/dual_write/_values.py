@@ -199,3 +199,21 @@ class TransactionMisuseError(UsageError):
     error: neither side keeps the transaction's writes.  Savepoints
     (``Session.begin_nested()``, ``Connection.begin_nested()``) are fine.
     """
+
+
+class MissingTableError(UsageError):
+    """The state table (or, with ``retain_records=True``, the outbox table) does not exist.
+
+    Create it once, like any other table of the application:
+    ``state_table(metadata)`` (and ``outbox_table(metadata)``) on the
+    application's ``MetaData``, then ``metadata.create_all(engine)`` or an
+    Alembic migration; ``writer.create_tables()`` does it for scripts and tests.
+    """
+
+
+class TopicNotFoundError(UsageError):
+    """A record was produced to a topic that does not exist (and the cluster does not create it)."""
+
+    def __init__(self, message: str, topic: str) -> None:
+        super().__init__(message)
+        self.topic = topic

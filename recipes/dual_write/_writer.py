@@ -27,6 +27,7 @@ from ._bind import Bind, Bound
 from ._bind import bind as bind_target
 from ._handle import DualWriteTransaction
 from ._recovery import Recovering
+from ._topics import TopicCheck
 from ._lifecycle import WriterState
 from ._schema import outbox_table as _make_outbox_table
 from ._schema import state_table as _make_state_table
@@ -131,6 +132,7 @@ class DualWriter(Recovering):
         self._recoveries = 0
         self._heuristics = 0
         self._republished = 0
+        self._topics = TopicCheck(self._config)
 
     # -- introspection -------------------------------------------------------------
     @property

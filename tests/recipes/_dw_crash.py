@@ -232,8 +232,12 @@ def zygote() -> None:
     import confluent_kafka.admin  # noqa: F401
     import kafka  # noqa: F401
     import kafka2pc.recipes.dual_write
+    import sqlalchemy.dialects.mysql
     import sqlalchemy.dialects.postgresql
     import sqlalchemy.dialects.sqlite  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import pymysql  # noqa: F401
 
     import kafka2pc._producer
     import kafka2pc._recovery  # noqa: F401

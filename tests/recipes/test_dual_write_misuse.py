@@ -1,6 +1,6 @@
 """Misuse and operator paths of the dual-write recipe (issue 11): the application ending the bound
 transaction inside the block, lock contention in recover(), heuristic acknowledgement, malformed
-states, the outbox after a failed transaction.  Real broker, PostgreSQL and SQLite."""
+states, the outbox after a failed transaction.  Real broker, PostgreSQL, SQLite and MariaDB."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ class Env:
 
 
 @pytest.fixture
-def env(db_url: str, kafka_bootstrap: str) -> Iterator[Env]:
-    e = Env(db_url, kafka_bootstrap)
+def env(any_db_url: str, kafka_bootstrap: str) -> Iterator[Env]:
+    e = Env(any_db_url, kafka_bootstrap)
     yield e
     e.engine.dispose()
 
@@ -185,9 +185,9 @@ def test_retain_records_writer_survives_a_failed_transaction(env: Env, failing_s
 # -- recover(): lock contention, heuristic acknowledgement, malformed states ----------------------
 
 
-def test_lock_contention_in_recover_is_a_typed_error(env: Env, db_url: str) -> None:
-    sqlite = db_url.startswith("sqlite")
-    impatient = sa.create_engine(db_url, connect_args={"timeout": 0.3} if sqlite else {})
+def test_lock_contention_in_recover_is_a_typed_error(env: Env, any_db_url: str) -> None:
+    sqlite = any_db_url.startswith("sqlite")
+    impatient = sa.create_engine(any_db_url, connect_args={"timeout": 0.3} if sqlite else {})
     paused, release = threading.Event(), threading.Event()
 
     def hold(step: Step) -> None:
@@ -292,4 +292,46 @@ def test_a_heuristic_outcome_can_be_acknowledged_once_and_later_recoveries_start
         env.write(conn, tx, "after")
     assert env.rows() == {"heuristic", "after"} and env.records() == ["after"]
     first.close()
+    writer.close()
+
+
+# -- a newcomer's mistakes: no state table, no topic ---------------------------------------------
+
+
+def test_a_missing_state_table_is_a_clear_error_saying_how_to_create_it(env: Env) -> None:
+    from kafka2pc.recipes.dual_write import MissingTableError
+
+    name = f"missing_{env.series}"
+    writer = DualWriter(env.engine, {"bootstrap.servers": env.bootstrap, "transactional.id": f"dw-{env.series}"},
+                        state_table=state_table(sa.MetaData(), name))
+    started = time.monotonic()
+    with pytest.raises(MissingTableError, match=f"{name}.*create_all"):
+        writer.recover()
+    assert time.monotonic() - started < 10
+    retaining = DualWriter(env.engine, {"bootstrap.servers": env.bootstrap, "transactional.id": f"dw-o-{env.series}"},
+                           state_table=env.states, outbox_table=outbox_table(sa.MetaData(), f"outbox_{name}"),
+                           retain_records=True)
+    with pytest.raises(MissingTableError, match=f"outbox_{name}"):
+        retaining.recover()
+    writer.close()
+    retaining.close()
+
+
+def test_producing_to_a_missing_topic_fails_fast_naming_the_topic(env: Env) -> None:
+    from kafka2pc.recipes.dual_write import TopicNotFoundError
+
+    writer = env.writer()
+    writer.recover()
+    missing = f"no-such-topic-{env.series}"
+    started = time.monotonic()
+    with pytest.raises(TopicNotFoundError, match=missing) as info:
+        with env.engine.connect() as conn, writer.transaction(conn) as tx:
+            env.write(conn, tx, "orphan")
+            tx.produce(missing, value=b"x")
+    assert time.monotonic() - started < 15
+    assert info.value.topic == missing
+    assert env.rows() == set() and env.records() == []
+    with env.engine.connect() as conn, writer.transaction(conn) as tx:  # the writer goes on
+        env.write(conn, tx, "fine")
+    env.assert_consistent()
     writer.close()

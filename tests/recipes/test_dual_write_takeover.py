@@ -159,9 +159,14 @@ def zygote_pairs(tmp_path: Path) -> Iterator[list[tuple[Zygote, Zygote]]]:
         b.close()
 
 
+def _server_url(request: pytest.FixtureRequest, db: str) -> str:
+    fixture = {"postgresql": "pg_url", "mariadb": "mariadb_url"}.get(db)
+    return str(request.getfixturevalue(fixture)) if fixture else ""
+
+
 def _url(db: str, pg_url: str, tmp_path: Path, cell: Cell) -> str:
-    if db == "postgresql":
-        return pg_url
+    if db != "sqlite":
+        return pg_url  # the server database's URL (PostgreSQL or MariaDB)
     return f"sqlite:///{tmp_path / (cell.name.replace('/', '_') + '.db')}"
 
 
@@ -198,26 +203,26 @@ def _cells(db: str, writer_steps: list[str], recovery_steps: list[str]) -> list[
             for retain in (False, True) for fate in ("cont", "kill")]
 
 
-@pytest.mark.parametrize("db", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("db", ["postgresql", "sqlite", "mariadb"])
 def test_takeover_of_a_stopped_writer_bounded(
     db: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygote_pairs: list[tuple[Zygote, Zygote]],
     tmp_path: Path,
 ) -> None:
     """The cells of issue 11's first bug (A stopped after its prepare, B killed after settling Kafka)."""
-    pg_url = request.getfixturevalue("pg_url") if db == "postgresql" else ""
+    pg_url = _server_url(request, db)
     cells = [Cell(db, "prepared", "recovery_settled", retain, "cont") for retain in (False, True)]
     _run(cells, zygote_pairs, pg_url, kafka_bootstrap, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("retain", [False, True], ids=["plain", "retain"])
-@pytest.mark.parametrize("db", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("db", ["postgresql", "sqlite", "mariadb"])
 def test_takeover_matrix(
     db: str, retain: bool, request: pytest.FixtureRequest, kafka_bootstrap: str,
     zygote_pairs: list[tuple[Zygote, Zygote]], tmp_path: Path,
 ) -> None:
     """Every (writer step x recovery step x SIGCONT/SIGKILL) cell, RUNS runs each."""
-    pg_url = request.getfixturevalue("pg_url") if db == "postgresql" else ""
+    pg_url = _server_url(request, db)
     steps = os.environ.get("KAFKA2PC_TAKEOVER_STEPS")
     writer_steps = steps.split(",") if steps else WRITER_STEPS
     cells = [c for c in _cells(db, writer_steps, RECOVERY_STEPS) if c.retain is retain]
