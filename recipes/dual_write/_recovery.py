@@ -107,7 +107,10 @@ class Recovering(WriterCore):
                         stored, acknowledged = None, True
                         self._log_acknowledged(state)
                 else:
-                    self._delete_outbox(conn)  # the stored transaction is settled: its copies are spent
+                    # The stored transaction is settled: its copies are spent.  A zombie writer's open
+                    # transaction may still lock them (it cannot commit any more): bounded, typed wait.
+                    locked(store, self._tid, "recover (drop the settled transaction's outbox rows)",
+                           lambda: self._delete_outbox(conn))
                 if conn.in_transaction():
                     conn.commit()
                     if heuristic_error is None and not republished:

@@ -163,8 +163,11 @@ class StateRowLockedError(Kafka2pcError, sa.exc.OperationalError):
     """The state row's lock (SQLite: the database's write lock) could not be had in time.
 
     Another instance (or ``kafka2pc recover``) holds it: typically a writer
-    with the same transactional id in the middle of a transaction.  Nothing
-    was changed, in the database or in Kafka; retry later.  Also a
+    with the same transactional id in the middle of a transaction.  Raised
+    by ``recover()`` before anything changed (retry later), or, with
+    ``retain_records=True``, after it settled Kafka when a taken-over writer's
+    open transaction still locks the id's outbox rows (that writer can no
+    longer commit; the next ``recover()`` finishes once it is gone).  Also a
     ``sqlalchemy.exc.OperationalError`` (the database's own error is
     ``orig``), so existing handlers of that keep working.
     """

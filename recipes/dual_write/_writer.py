@@ -305,7 +305,8 @@ class DualWriter(Recovering):
                                   lambda: store.enter(conn, self._tid, token, self._lock_timeout_ms))
             token = entered
             if self._retain and self._outbox_dirty:
-                self._delete_outbox(conn)
+                locked(store, self._tid, "begin a transaction (drop spent outbox rows)",
+                       lambda: self._delete_outbox(conn))
                 cleaned = True
             self._step(Step.DB_BEGUN)
             self._kafka(producer.begin_transaction)
