@@ -335,3 +335,44 @@ def test_producing_to_a_missing_topic_fails_fast_naming_the_topic(env: Env) -> N
         env.write(conn, tx, "fine")
     env.assert_consistent()
     writer.close()
+
+
+# -- a producer call failing oddly (librdkafka's binding: "flush returned NULL without setting an exception")
+
+
+def _fail_prepare_with_system_error(writer: DualWriter) -> None:
+    """Fault injection on the real producer: its prepare fails the way confluent-kafka's flush sometimes
+    does on a fenced producer (a bare SystemError)."""
+    producer = writer.producer
+    assert producer is not None
+
+    def broken(timeout: float | None = None) -> Any:
+        raise SystemError("<method 'flush' of 'cimpl.Producer' objects> returned NULL without setting an exception")
+
+    producer.prepare_transaction = broken  # type: ignore[method-assign]
+
+
+def test_an_odd_producer_failure_of_a_taken_over_writer_is_producer_fenced(env: Env) -> None:
+    from kafka2pc import FatalError
+
+    first, second = env.writer(), env.writer()
+    first.recover()
+    with env.engine.connect() as conn, first.transaction(conn) as tx:
+        env.write(conn, tx, "a-1")
+    _fail_prepare_with_system_error(first)
+    with pytest.raises(FatalError, match="SystemError"), env.engine.connect() as conn, first.transaction(conn) as tx:
+        env.write(conn, tx, "not-taken-over")  # not taken over: a FatalError, not a raw SystemError
+    assert first.status in (WriterState.READY, WriterState.NEEDS_RECOVERY)  # rolled back on both sides
+    assert env.rows() == {"a-1"}
+    first.recover()  # a new producer
+    _fail_prepare_with_system_error(first)
+    second.recover()  # takes over
+    with pytest.raises(ProducerFencedError), env.engine.connect() as conn, first.transaction(conn) as tx:
+        env.write(conn, tx, "a-2")
+    assert first.fenced
+    with env.engine.connect() as conn, second.transaction(conn) as tx:
+        env.write(conn, tx, "b-1")
+    assert env.rows() == {"a-1", "b-1"}
+    env.assert_consistent()
+    first.close()
+    second.close()
