@@ -376,3 +376,58 @@ def test_an_odd_producer_failure_of_a_taken_over_writer_is_producer_fenced(env: 
     env.assert_consistent()
     first.close()
     second.close()
+
+
+def test_issue_11_recovery_failing_on_the_outbox_lock_after_settling_kafka_loses_nothing(env: Env) -> None:
+    """retain_records, B's lock_timeout_ms=2000: B's outbox DELETE waits on A's open transaction (A is
+    paused after its prepare) and times out after B aborted A's Kafka transaction.  A must not commit its
+    database side when it resumes: its token is void since B's claim committed, before Kafka."""
+    paused, release = threading.Event(), threading.Event()
+    armed = {"on": False}
+
+    def pause(step: Step) -> None:
+        if armed["on"] and step is Step.PREPARED:
+            paused.set()
+            release.wait(30)
+
+    first = env.writer(retain_records=True, on_step=pause)
+    first.recover()
+    for rid in ("a-1", "a-2"):  # the outbox holds a-2's copies: A's next transaction deletes them first
+        with env.engine.connect() as conn, first.transaction(conn) as tx:
+            env.write(conn, tx, rid)
+    armed["on"] = True
+    errors: list[BaseException] = []
+
+    def first_writes() -> None:
+        try:
+            with Session(env.engine) as session, first.transaction(session) as tx:
+                env.write(session, tx, "a-3")
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    holder = threading.Thread(target=first_writes)
+    holder.start()
+    assert paused.wait(30)
+    second = env.writer(retain_records=True, lock_timeout_ms=2000)
+    outcome: Any = None
+    try:
+        second.recover()
+    except StateRowLockedError as exc:  # PostgreSQL/MariaDB: the outbox rows A deleted are locked
+        outcome = exc
+    finally:
+        release.set()
+        holder.join(60)
+    if env.engine.dialect.name != "postgresql":
+        # SQLite, MariaDB: A holds the state row's lock from its first statement: B changed nothing.
+        assert isinstance(outcome, StateRowLockedError) and "claim the state row" in str(outcome)
+        assert not errors and env.rows() == {"a-1", "a-2", "a-3"}
+    else:
+        assert isinstance(outcome, StateRowLockedError) and "outbox" in str(outcome)
+        assert len(errors) == 1 and isinstance(errors[0], ProducerFencedError), errors
+        assert env.rows() == {"a-1", "a-2"}  # A's database side rolled back: Kafka aborted it
+    second.recover()
+    with env.engine.connect() as conn, second.transaction(conn) as tx:
+        env.write(conn, tx, "b-1")
+    env.assert_consistent()
+    first.close()
+    second.close()
