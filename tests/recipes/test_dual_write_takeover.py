@@ -18,8 +18,11 @@ vice versa (nothing lost, nothing duplicated, nothing of a rolled-back
 transaction visible), and nothing is left hanging (``read_committed`` end
 offset == ``read_uncommitted`` end offset).
 
-``KAFKA2PC_TAKEOVER_RUNS`` (default 10) runs per cell; the full matrix is
-marked slow, one bounded cell per database runs always.
+``KAFKA2PC_TAKEOVER_RUNS`` (default 10) runs per cell in the full matrix
+(marked slow; ``KAFKA2PC_TAKEOVER_STEPS`` narrows the writer steps); the
+bounded test (issue 11's first bug: A stopped after its prepare, B killed
+after settling Kafka, with and without ``retain_records``) runs always,
+``KAFKA2PC_TAKEOVER_BOUNDED_RUNS`` (default 3) runs per cell.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from kafka2pc.recipes.dual_write import DualWriter, outbox_table, state_table
 from kafka2pc.testing import create_topic
 
 RUNS = int(os.environ.get("KAFKA2PC_TAKEOVER_RUNS", "10"))
+BOUNDED_RUNS = int(os.environ.get("KAFKA2PC_TAKEOVER_BOUNDED_RUNS", "3"))
 PAIRS = int(os.environ.get("KAFKA2PC_TAKEOVER_PARALLEL", "2"))
 
 WRITER_STEPS = ["db_begun", "kafka_begun", "produced", "body_done", "prepared", "state_stored",
@@ -60,6 +64,7 @@ class Cell:
     recovery_step: str
     retain: bool
     a_fate: str  # "cont" (SIGCONT) or "kill" (SIGKILL)
+    target_runs: int = RUNS
     runs: int = 0
     a_errors: Counter[str] = field(default_factory=Counter)
     b_outcomes: Counter[str] = field(default_factory=Counter)
@@ -102,7 +107,7 @@ def run_cell(cell: Cell, a_zygote: Zygote, b_zygote: Zygote, url: str, bootstrap
     base = {"db_url": url, "bootstrap": bootstrap, "tid": tid, "topic": topic, "series": series,
             "results": str(results), "retain": cell.retain, "record_errors": True, "sqlite_timeout": 1.0}
     try:
-        for run in range(RUNS):
+        for run in range(cell.target_runs):
             a_job = {**base, "run": run, "role": "A", "transactions": 3, "records": 2, "crash_txn": 2,
                      "stop_at": cell.writer_step, "marker": str(marker)}
             a_exit: list[int] = []
@@ -194,7 +199,7 @@ def _run(cells: list[Cell], pairs: list[tuple[Zygote, Zygote]], pg_url: str, boo
     failures = [f"{c.name}: {f}" for c in cells for f in c.failures]
     assert not failures, "\n".join(failures)
     for c in cells:
-        assert c.runs == RUNS, c.name
+        assert c.runs == c.target_runs, c.name
         assert c.rows == c.records
 
 
@@ -210,7 +215,7 @@ def test_takeover_of_a_stopped_writer_bounded(
 ) -> None:
     """The cells of issue 11's first bug (A stopped after its prepare, B killed after settling Kafka)."""
     pg_url = _server_url(request, db)
-    cells = [Cell(db, "prepared", "recovery_settled", retain, "cont") for retain in (False, True)]
+    cells = [Cell(db, "prepared", "recovery_settled", retain, "cont", BOUNDED_RUNS) for retain in (False, True)]
     _run(cells, zygote_pairs, pg_url, kafka_bootstrap, tmp_path)
 
 
