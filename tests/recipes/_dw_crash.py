@@ -93,14 +93,17 @@ def run_job(job: dict[str, Any]) -> None:
     metadata = sa.MetaData()
     states = state_table(metadata)
     items = items_table(metadata)
-    phase = {"name": "recover", "txn": -1, "racing": False}
+    phase: dict[str, Any] = {"name": "recover", "txn": -1, "racing": False}
     point = job.get("point")
     crash_txn = job.get("crash_txn", -1)
     rng = random.Random(job.get("seed", 0))
 
     def hook(step: Step) -> None:
-        if job.get("stop_at") is not None and phase["txn"] == crash_txn and step.value == job["stop_at"]:
-            # Takeover tests: stop here (SIGSTOP) until the parent lets us go on (SIGCONT) or kills us.
+        if (job.get("stop_at") is not None and not phase.get("stopped") and phase["txn"] == crash_txn
+                and step.value == job["stop_at"]):
+            # Takeover tests: stop here (SIGSTOP), once (PRODUCED comes once per record), until the
+            # parent lets us go on (SIGCONT) or kills us.
+            phase["stopped"] = True
             _append(job["marker"], {"run": job["run"], "pid": os.getpid(), "step": step.value})
             os.kill(os.getpid(), signal.SIGSTOP)
             return

@@ -231,5 +231,7 @@ def test_takeover_matrix(
     pg_url = _server_url(request, db)
     steps = os.environ.get("KAFKA2PC_TAKEOVER_STEPS")
     writer_steps = steps.split(",") if steps else WRITER_STEPS
-    cells = [c for c in _cells(db, writer_steps, RECOVERY_STEPS) if c.retain is retain]
+    recovery = os.environ.get("KAFKA2PC_TAKEOVER_RECOVERY_STEPS")
+    cells = [c for c in _cells(db, writer_steps, recovery.split(",") if recovery else RECOVERY_STEPS)
+             if c.retain is retain]
     _run(cells, zygote_pairs, pg_url, kafka_bootstrap, tmp_path)
