@@ -54,6 +54,9 @@ class Bound:
     transactional_id: str
     misuse: str | None = None
     """``"commit"``, ``"rollback"``: what the application did to the bound transaction in the block."""
+    misuse_while_failing: bool = False
+    """The rollback happened while an exception was being handled (e.g. SQLAlchemy's own rollback
+    after a failed flush): that exception, not the misuse, is the one to report."""
     _ours: bool = field(default=False)
     _installed: bool = field(default=False)
 
@@ -115,7 +118,8 @@ class Bound:
         if self._ours or self.misuse is not None:
             return
         self.misuse = "rollback"
-        if sys.exc_info()[1] is None:  # not SQLAlchemy's own rollback after a failed flush
+        self.misuse_while_failing = sys.exc_info()[1] is not None
+        if not self.misuse_while_failing:  # not SQLAlchemy's own rollback after a failed flush
             self._raw_rollback()
             raise self.misuse_error()
 

@@ -361,7 +361,8 @@ class DualWriter(Settling):
                                       if isinstance(cause, TakenOver) else f"the transaction failed ({cause!r})")
         settled = producer is None or producer.state is TxnState.READY
         self._to(WriterState.READY if settled else WriterState.NEEDS_RECOVERY)
-        if bound.misuse is not None and isinstance(cause, Exception) and not isinstance(cause, TransactionMisuseError):
+        if (bound.misuse is not None and not bound.misuse_while_failing and isinstance(cause, Exception)
+                and not isinstance(cause, TransactionMisuseError)):
             return bound.misuse_error()  # e.g. ResourceClosedError after a close() in the block
         return cause
 

@@ -22,7 +22,7 @@ from kafka2pc.recipes.dual_write import (
     outbox_table,
     state_table,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from kafka2pc import InvalidPreparedStateError, Kafka2pcError, ProducerFencedError
 from kafka2pc.testing import create_topic, drain
@@ -150,6 +150,49 @@ def test_a_failed_flush_reports_its_own_error(env: Env) -> None:
         with writer.transaction(session) as tx:
             env.write(session, tx, "dup")  # duplicate primary key
     assert env.rows() == {"dup"} and env.records() == ["dup"]
+    writer.close()
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class _Item(_Base):
+    __tablename__ = "dw_items"
+    id: Mapped[str] = mapped_column(sa.String(100), primary_key=True)
+    series: Mapped[str] = mapped_column(sa.String(64))
+
+
+def test_a_failed_orm_flush_reports_its_own_error_and_keeps_neither_side(env: Env) -> None:
+    """The recipe's flush (or an autoflush) fails: SQLAlchemy rolls the Session back itself, the
+    flush's IntegrityError propagates (not a misuse error), and both sides are rolled back."""
+    writer = env.writer()
+    writer.recover()
+    with Session(env.engine) as session, writer.transaction(session) as tx:
+        env.write(session, tx, "dup")
+    with pytest.raises(sa.exc.IntegrityError), Session(env.engine) as session:
+        with writer.transaction(session) as tx:
+            session.add(_Item(id=f"{env.series}:dup", series=env.series))  # flushed at the block's end
+            tx.produce(env.topic, value=b"orphan")
+    assert env.rows() == {"dup"} and env.records() == ["dup"]
+    with env.engine.connect() as conn, writer.transaction(conn) as tx:
+        env.write(conn, tx, "after")
+    env.assert_consistent()
+    writer.close()
+
+
+def test_a_rollback_swallowed_in_an_except_block_still_fails_the_block(env: Env) -> None:
+    writer = env.writer()
+    writer.recover()
+    with pytest.raises(TransactionMisuseError), Session(env.engine) as session:
+        with writer.transaction(session) as tx:
+            env.write(session, tx, "first")
+            try:
+                raise ValueError("application error")
+            except ValueError:
+                session.rollback()  # during exception handling: let through, remembered
+            env.write(session, tx, "second")  # in a transaction the recipe did not begin
+    assert env.rows() == set() and env.records() == []
     writer.close()
 
 
