@@ -732,6 +732,8 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
                     with locks.hold(row.transactional_id) as held:
                         entry["stored_state"] = held.state
                         state = PreparedTxnState(held.state)
+                        if admin.plan_recovery(row.transactional_id, state).decision.value != "nothing":
+                            held.claim()  # committed before Kafka is touched: a live writer cannot commit
                         settlement = admin.complete_transaction(
                             row.transactional_id, state, fence=True, raise_on_heuristic=False
                         )

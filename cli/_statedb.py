@@ -8,19 +8,18 @@ The recipe keeps one row per transactional id::
         updated_at         TIMESTAMP
     )
 
-The CLI reads those three columns itself instead of importing the recipe, so
-that it works on any database the recipe wrote (and on tables an application
-keeps in the same shape), and so that the CLI never depends on recipe code.
+The CLI reads those three columns itself, so that listing works on any
+database the recipe wrote (and on tables an application keeps in the same
+shape); settling uses the recipe's state store, so that the locking protocol
+exists once.
 It never changes a row's values: settling happens in Kafka, and the rows
-record what the *database* decided, which recovery must not change.  While
-``recover`` settles a transactional id it holds that row's lock
-(:class:`RowLocks`), the lock the recipe's writer takes to store its state
-and holds until its database commit, so it never settles a transaction whose
-commit is under way.  When it did settle something (and so fenced the
-writer's producer) it commits its no-op update: on PostgreSQL that gives the
-row a new version, which tells a live writer, at its next state update, that
-it was taken over (the recipe's optimistic check), so it rolls back instead
-of committing a transaction Kafka no longer holds.
+record what the *database* decided, which recovery must not change.  Before
+``recover`` settles anything for a transactional id it claims that row
+(:class:`RowLocks`) exactly as the recipe's own recovery does, with the same
+state store: it locks the row (so it never settles a transaction whose commit
+is under way), gives it a new version and commits that *before* touching
+Kafka.  A live writer's token is void from then on, so it can never commit a
+transaction Kafka no longer holds, even if this process dies mid-way.
 
 Imported only by the ``in-doubt`` and ``recover`` commands (SQLAlchemy is heavy).
 """
@@ -65,6 +64,10 @@ def _engine_url(db_url: str) -> sa.URL:
     if url.drivername == "postgresql" and importlib.util.find_spec("psycopg2") is None:
         # SQLAlchemy's default PostgreSQL driver is psycopg2; kafka2pc depends on psycopg 3.
         url = url.set(drivername="postgresql+psycopg")
+    if url.drivername in ("mysql", "mariadb") and importlib.util.find_spec("MySQLdb") is None:
+        if importlib.util.find_spec("pymysql") is not None:
+            # SQLAlchemy's default MySQL driver is mysqlclient; kafka2pc's mysql extra installs PyMySQL.
+            url = url.set(drivername=f"{url.drivername}+pymysql")
     return url
 
 
@@ -146,74 +149,71 @@ def read_states(db_url: str, table: str = DEFAULT_TABLE, *, timeout_s: float = 1
     ]
 
 
-def _state_table(table: str) -> sa.TableClause:
-    schema, _, name = table.rpartition(".")
-    return sa.table(
-        name,
-        sa.column("transactional_id"),
-        sa.column("prepared_txn_state"),
-        sa.column("updated_at"),
-        schema=schema or None,
-    )
-
-
 class HeldRow:
-    """The state row :meth:`RowLocks.hold` has locked."""
+    """The state row :meth:`RowLocks.hold` has locked (and claimed, not yet committed)."""
 
-    def __init__(self, state: str | None) -> None:
+    def __init__(self, state: str | None, conn: sa.Connection) -> None:
         self.state = state
         """The stored prepared state (``None`` = empty)."""
-        self.changed = False
+        self._conn = conn
+        self.claimed = False
+
+    def claim(self) -> None:
+        """Commit the claim now, before Kafka is touched: from here on no writer that owned the id
+        can commit its database side (its token is void), whatever happens to this process next.
+        The stored state is unchanged; the row lock is released."""
+        if not self.claimed:
+            self._conn.commit()
+            self.claimed = True
 
     def taken_over(self) -> None:
-        """Record that the transactional id was fenced: the row gets a new version when the lock is released."""
+        """Record that the transactional id was fenced: the claim is committed when the lock is released."""
         self.changed = True
+
+    changed = False
 
 
 class RowLocks:
     """Holds one state row's lock at a time while its transaction is settled.
 
-    The lock is taken with a no-op ``UPDATE`` (a row lock on PostgreSQL, the
-    write lock on SQLite) and released by rolling back, so no row ever changes;
-    unless the block calls :meth:`HeldRow.taken_over`, then it is committed
-    (values unchanged, a new row version: see the module docstring).
+    The lock is the recipe's own claim (:mod:`kafka2pc.recipes.dual_write`'s
+    state store, one per database family): the row is locked, read and given
+    a new version, values unchanged.  :meth:`HeldRow.claim` commits that
+    before anything is settled in Kafka; a claim that was not needed is rolled
+    back when the lock is released, so no row ever changes.
     """
 
     def __init__(self, db_url: str, table: str = DEFAULT_TABLE, *, timeout_s: float = 15.0) -> None:
+        # kafka2pc.recipes lives in recipes/ (a package-dir mapping mypy cannot follow from cli/).
+        from kafka2pc.recipes.dual_write import state_table, store_for  # type: ignore[import-not-found,unused-ignore]
+
         url = _engine_url(db_url)
         self._engine = sa.create_engine(url, connect_args=_connect_args(url, timeout_s), poolclass=NullPool)
-        self._table = _state_table(table)
+        schema, _, name = table.rpartition(".")
+        self._store = store_for(self._engine.dialect, state_table(sa.MetaData(), name, schema=schema or None))
         self._timeout_ms = max(1, int(timeout_s * 1000))
 
     @contextmanager
     def hold(self, transactional_id: str) -> Iterator[HeldRow]:
-        """Lock the row of ``transactional_id``; yield its current prepared state (``None`` = empty)."""
-        t = self._table
+        """Lock (claim, uncommitted) the row of ``transactional_id``; yield its current prepared state."""
         with self._engine.connect() as conn:
-            txn = conn.begin()
+            conn.begin()
             try:
-                if conn.dialect.name == "postgresql":  # SQLite's busy timeout bounds the wait there
-                    conn.execute(sa.text(f"SET LOCAL lock_timeout = {self._timeout_ms}"))
-                conn.execute(
-                    sa.update(t).where(t.c.transactional_id == transactional_id).values(updated_at=t.c.updated_at)
-                )
-                state = conn.execute(
-                    sa.select(t.c.prepared_txn_state).where(t.c.transactional_id == transactional_id)
-                ).scalar_one_or_none()
-                text = str(state).strip() if state is not None else ""
-                held = HeldRow(text or None)
+                claimed = self._store.claim(conn, transactional_id, self._timeout_ms)
+                text = str(claimed.state).strip() if claimed.state is not None else ""
+                held = HeldRow(text or None, conn)
                 yield held
             except BaseException:
                 # The settlement failed part-way: it may have fenced the writer, so tell it.
                 try:
-                    txn.commit()
+                    conn.commit()
                 except sa.exc.SQLAlchemyError:
-                    txn.rollback()
+                    conn.rollback()
                 raise
-            if held.changed:
-                txn.commit()
+            if held.changed or held.claimed:
+                conn.commit()
             else:
-                txn.rollback()
+                conn.rollback()
 
     def close(self) -> None:
         """Release the connection pool."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite, on a fresh machine: installs what it needs (Java, Maven,
-# PostgreSQL, a virtualenv), then runs pytest against a real Kafka broker
+# PostgreSQL, MariaDB, a virtualenv), then runs pytest against a real Kafka broker
 # (fetched from Maven Central and started by the fixtures), real PostgreSQL
 # and SQLite. Extra arguments go to pytest.
 #
@@ -11,12 +11,17 @@
 # tests (tests/recipes/test_*crash*.py) run again with $KAFKA_VERSION set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KAFKA2PC_EXTRAS=test,spark bash scripts/setup.sh  # test = sql,postgres,cli,otel + pytest
+KAFKA2PC_EXTRAS=test,spark bash scripts/setup.sh  # test = sql,postgres,mysql,cli,otel + pytest
 if [ -z "${KAFKA2PC_PG_ADMIN_URL:-}" ]; then
   KAFKA2PC_PG_ADMIN_URL=$(bash scripts/start-postgres.sh | tail -n1)
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "test.sh: PostgreSQL did not start" >&2; exit 1; }
 fi
 export KAFKA2PC_PG_ADMIN_URL
+if [ -z "${KAFKA2PC_MARIADB_URL:-}" ]; then
+  KAFKA2PC_MARIADB_URL=$(bash scripts/start-mariadb.sh | tail -n1)
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "test.sh: MariaDB did not start" >&2; exit 1; }
+fi
+export KAFKA2PC_MARIADB_URL
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

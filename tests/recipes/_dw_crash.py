@@ -88,16 +88,25 @@ def run_job(job: dict[str, Any]) -> None:
     """Run one crash job in this (forked) process; normally it ends with SIGKILL."""
     from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
 
-    engine = sa.create_engine(job["db_url"], poolclass=sa.pool.NullPool)
+    connect_args = {"timeout": job["sqlite_timeout"]} if "sqlite_timeout" in job and job["db_url"].startswith("sqlite") else {}
+    engine = sa.create_engine(job["db_url"], poolclass=sa.pool.NullPool, connect_args=connect_args)
     metadata = sa.MetaData()
     states = state_table(metadata)
     items = items_table(metadata)
-    phase = {"name": "recover", "txn": -1, "racing": False}
+    phase: dict[str, Any] = {"name": "recover", "txn": -1, "racing": False}
     point = job.get("point")
     crash_txn = job.get("crash_txn", -1)
     rng = random.Random(job.get("seed", 0))
 
     def hook(step: Step) -> None:
+        if (job.get("stop_at") is not None and not phase.get("stopped") and phase["txn"] == crash_txn
+                and step.value == job["stop_at"]):
+            # Takeover tests: stop here (SIGSTOP), once (PRODUCED comes once per record), until the
+            # parent lets us go on (SIGCONT) or kills us.
+            phase["stopped"] = True
+            _append(job["marker"], {"run": job["run"], "pid": os.getpid(), "step": step.value})
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
         if phase["name"] == "recover":
             if step.value == job.get("recovery_point"):
                 _kill_self()
@@ -118,11 +127,18 @@ def run_job(job: dict[str, Any]) -> None:
     config = {"bootstrap.servers": job["bootstrap"], "transactional.id": job["tid"]}
     config.update(job.get("producer_config", {}))
     writer = DualWriter(
-        engine, config, state_table=states, on_step=hook, retain_records=job.get("retain", False)
+        engine, config, state_table=states, on_step=hook, retain_records=job.get("retain", False),
+        lock_timeout_ms=job.get("lock_timeout_ms"),
     )
     if job.get("recovery_kill_after_s") is not None:
         threading.Timer(job["recovery_kill_after_s"], _kill_self).start()
-    result = writer.recover(raise_on_heuristic=False)
+    try:
+        result = writer.recover(raise_on_heuristic=False)
+    except Exception as exc:
+        if not job.get("record_errors"):
+            raise
+        _append(job["results"], {"run": job["run"], "role": job.get("role"), "recover_error": type(exc).__name__})
+        return
     settlement = result.settlement
     _append(
         job["results"],
@@ -146,6 +162,24 @@ def run_job(job: dict[str, Any]) -> None:
     # Odd runs write through an ORM Session: on PostgreSQL its state update and COMMIT are two
     # round trips, on a Connection one (the recipe's two code paths, both killed at every step).
     use_session = job.get("session", job["run"] % 2 == 1)
+    if job.get("record_errors"):
+        try:
+            _transactions(job, engine, items, writer, phase, topic, use_session)
+        except Exception as exc:
+            _append(job["results"], {"run": job["run"], "role": job.get("role"), "error": type(exc).__name__,
+                                     "message": str(exc)[:300]})
+            return
+        _append(job["results"], {"run": job["run"], "role": job.get("role"), "error": None})
+        return
+    _transactions(job, engine, items, writer, phase, topic, use_session)
+    if job.get("hang_after"):
+        _kill_self()
+
+
+def _transactions(
+    job: dict[str, Any], engine: sa.Engine, items: sa.Table, writer: Any, phase: dict[str, Any], topic: str,
+    use_session: bool,
+) -> None:
     for j in range(job.get("transactions", 2)):
         phase["txn"] = j
         with contextlib.ExitStack() as stack:
@@ -155,8 +189,6 @@ def run_job(job: dict[str, Any]) -> None:
                 rid = f"{job['series']}:{job['run']}-{j}-{m}"
                 bind.execute(items.insert().values(id=rid, series=job["series"]))
                 tx.produce(topic, value=rid.encode(), key=rid.encode())
-    if job.get("hang_after"):
-        _kill_self()
 
 
 def _consume_transform_produce(
@@ -203,8 +235,12 @@ def zygote() -> None:
     import confluent_kafka.admin  # noqa: F401
     import kafka  # noqa: F401
     import kafka2pc.recipes.dual_write
+    import sqlalchemy.dialects.mysql
     import sqlalchemy.dialects.postgresql
     import sqlalchemy.dialects.sqlite  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import pymysql  # noqa: F401
 
     import kafka2pc._producer
     import kafka2pc._recovery  # noqa: F401

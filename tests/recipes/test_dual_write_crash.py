@@ -71,7 +71,13 @@ class SeriesReport:
 
 
 def _db_url(kind: str, pg_url: str, tmp_path: Path, name: str) -> str:
-    return pg_url if kind == "postgresql" else f"sqlite:///{tmp_path / f'{name}.db'}"
+    """``pg_url`` is the server database's URL (PostgreSQL or MariaDB); SQLite gets a file per name."""
+    return pg_url if kind != "sqlite" else f"sqlite:///{tmp_path / f'{name}.db'}"
+
+
+def _server_url(request: pytest.FixtureRequest, db_kind: str) -> str:
+    fixture = {"postgresql": "pg_url", "mariadb": "mariadb_url"}.get(db_kind)
+    return str(request.getfixturevalue(fixture)) if fixture else ""
 
 
 def _prepare_db(url: str) -> sa.Engine:
@@ -191,11 +197,11 @@ def _print(reports: list[SeriesReport]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite", "mariadb"])
 def test_crash_matrix(
     db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygotes: list[Zygote], tmp_path: Path
 ) -> None:
-    pg_url = request.getfixturevalue("pg_url") if db_kind == "postgresql" else ""
+    pg_url = _server_url(request, db_kind)
     points = list(EXPECTED)
     reports = _run_matrix(
         db_kind, points, zygotes, lambda p: _db_url(db_kind, pg_url, tmp_path, p), kafka_bootstrap, tmp_path
@@ -221,18 +227,19 @@ def zygote(tmp_path: Path) -> Iterator[Zygote]:
 #: How the recovering child dies -> decisions the next recovery may take.
 RECOVERY_KILLS: list[tuple[dict[str, Any], frozenset[str]]] = [
     ({"recovery_point": "recovery_locked"}, frozenset({"commit"})),      # before it settled Kafka
+    ({"recovery_point": "recovery_claimed"}, frozenset({"commit"})),     # claim committed, Kafka untouched
     ({"recovery_point": "recovery_settled"}, frozenset({"nothing"})),    # Kafka settled, DB not committed
     # Timed kills: somewhere in the control-plane calls, EndTxn, or the new producer's init.
     *[({"recovery_kill_after_s": delay}, frozenset({"commit", "nothing"})) for delay in (0.02, 0.05, 0.08, 0.12, 0.3)],
 ]
 
 
-@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite", "mariadb"])
 def test_kill_during_recovery_then_recover_again(
     db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygote: Zygote, tmp_path: Path
 ) -> None:
     """A recovery killed at any moment leaves nothing a later recovery cannot finish (idempotence)."""
-    url = request.getfixturevalue("pg_url") if db_kind == "postgresql" else f"sqlite:///{tmp_path / 'r.db'}"
+    url = _server_url(request, db_kind) or f"sqlite:///{tmp_path / 'r.db'}"
     engine = _prepare_db(url)
     series = f"recovery-kill-{db_kind}-{uuid.uuid4().hex[:6]}"
     tid, topic = f"dw-{series}", create_topic(kafka_bootstrap)

@@ -1,0 +1,115 @@
+"""After the database COMMIT: an unknown COMMIT outcome, or a Kafka commit that failed.  Never guess:
+read the decision back from the database (or the outcome from Kafka) and settle accordingly."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Final
+
+import sqlalchemy as sa
+
+from kafka2pc import (
+    HeuristicOutcomeError,
+    IndefiniteOutcomeError,
+    Kafka2pcError,
+    PreparedTxnState,
+    ProducerFencedError,
+)
+
+from ._bind import Bound
+from ._lifecycle import WriterState
+from ._recovery import Recovering
+
+if TYPE_CHECKING:
+    from kafka2pc import TwoPhaseCommitProducer
+
+__all__ = ["Settling"]
+
+logger = logging.getLogger("kafka2pc.recipes.dual_write._writer")
+
+_SETTLE_LOCK_TIMEOUT_MS: Final = 30_000
+
+
+class Settling(Recovering):
+    """Settles a transaction whose database COMMIT raised, or whose Kafka commit failed."""
+
+    def _settle_unknown_db_commit(
+        self, bound: Bound, producer: TwoPhaseCommitProducer, state: PreparedTxnState, cause: BaseException
+    ) -> bool:
+        """COMMIT raised: read what the database decided and complete Kafka accordingly; True if committed."""
+        try:
+            bound.rollback()  # no-op if the commit went through; releases a still-open transaction
+        except sa.exc.SQLAlchemyError:
+            logger.debug("%s: rollback after the failed COMMIT failed too (dead connection)", self._tid)
+        # The row's new token is not known for sure: the next transaction recovers (and claims) first.
+        self._to(WriterState.NEEDS_RECOVERY)
+        try:
+            with self._engine.connect() as conn, conn.begin():
+                stored = self._store.read_settled(conn, self._tid, _SETTLE_LOCK_TIMEOUT_MS)
+        except sa.exc.SQLAlchemyError as read_exc:
+            self._in_doubt, self._in_doubt_since = state, time.monotonic()
+            logger.error(
+                "%s: the database COMMIT failed (%r) and the stored state cannot be read (%r): Kafka "
+                "transaction %s stays prepared until recover()", self._tid, cause, read_exc, state,
+            )
+            raise IndefiniteOutcomeError(
+                f"{self._tid!r}: outcome of the database COMMIT unknown ({cause!r}) and the state row cannot be "
+                f"read ({read_exc!r}); the Kafka transaction {state} stays prepared: call recover()",
+                state=state,
+            ) from cause
+        committed = stored == str(state)
+        logger.warning(
+            "%s: the database COMMIT raised %r; the state row says it %s: %s the Kafka transaction",
+            self._tid, cause, "committed" if committed else "rolled back", "committing" if committed else "aborting",
+        )
+        if committed:
+            self._last_state = stored
+            self._outbox_dirty = self._retain
+        try:
+            self._kafka(lambda: producer.complete_transaction(self._parse(stored)))
+        except Kafka2pcError as exc:
+            if committed:
+                self._after_kafka_commit_failure(producer, state, exc)
+            else:
+                logger.warning("%s: abort after a rolled-back COMMIT failed (%s)", self._tid, exc)
+        return committed
+
+    def _after_kafka_commit_failure(
+        self, producer: TwoPhaseCommitProducer, state: PreparedTxnState, cause: Kafka2pcError
+    ) -> None:
+        """The database committed ``state`` but Kafka's commit failed: settle, never guess."""
+        self._in_doubt, self._in_doubt_since = state, time.monotonic()
+        if isinstance(cause, ProducerFencedError) or self._taken_over_now():
+            # Another instance recovered this id: it read our state from the database and
+            # settled our transaction.  Only look (recovering would fence it in turn).
+            from kafka2pc import TransactionOutcome
+            from kafka2pc._recovery import outcome_of
+
+            self._to(WriterState.FENCED)
+            outcome = outcome_of(producer.control_plane, state)
+            if outcome is TransactionOutcome.COMMITTED:
+                logger.warning("%s: fenced during commit; the new owner committed %s", self._tid, state)
+                self._in_doubt = self._in_doubt_since = None
+                return
+            if outcome is TransactionOutcome.ABORTED:
+                self._heuristics += 1
+                raise HeuristicOutcomeError(
+                    f"{self._tid!r}: the database committed {state} but Kafka aborted it, and another instance "
+                    "owns the id now (its recover() re-publishes retained records)",
+                    transactional_id=self._tid, state=state, outcome="aborted",
+                ) from cause
+            raise IndefiniteOutcomeError(
+                f"{self._tid!r}: fenced while committing {state}; its outcome is {outcome.value}", state=state
+            ) from cause
+        logger.warning("%s: Kafka commit of %s failed (%s): settling through recovery", self._tid, state, cause)
+        try:
+            self._recover(raise_on_heuristic=True, acknowledge=False)
+        except HeuristicOutcomeError:
+            raise
+        except Kafka2pcError as exc:
+            raise IndefiniteOutcomeError(
+                f"{self._tid!r}: the database committed {state} but the Kafka commit failed ({cause}) and could not "
+                f"be settled yet ({exc}); recover() commits it later: do not redo the transaction",
+                state=state,
+            ) from exc

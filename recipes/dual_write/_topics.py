@@ -1,0 +1,60 @@
+"""Fail fast, naming the topic, when a record is produced to a topic that does not exist.
+
+Without the check librdkafka keeps the record queued until the prepare's
+flush gives up (``message.timeout.ms``), ~30 s or more later, with an error
+that does not name the topic.  One metadata request per topic and writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any, Final
+
+from ._values import TopicNotFoundError
+
+__all__ = ["TopicCheck"]
+
+logger = logging.getLogger(__name__)
+
+_CONNECTION_KEYS: Final = ("bootstrap.servers", "client.id", "client.dns.lookup", "client.rack")
+_CONNECTION_PREFIXES: Final = ("security.", "sasl.", "ssl.", "socket.", "broker.", "reconnect.", "oauthbearer.")
+
+
+class TopicCheck:
+    """Remembers the topics known to exist; asks the cluster (bounded) about a new one."""
+
+    def __init__(self, producer_config: Mapping[str, Any], timeout_s: float = 10.0) -> None:
+        self._config = {
+            k: v for k, v in producer_config.items() if k in _CONNECTION_KEYS or k.startswith(_CONNECTION_PREFIXES)
+        }
+        self._timeout_s = timeout_s
+        self._known: set[str] = set()
+        self._admin: Any = None
+        self._lock = threading.Lock()
+
+    def require(self, topic: str, transactional_id: str) -> None:
+        """Raise :class:`TopicNotFoundError` if the cluster says ``topic`` does not exist."""
+        if topic in self._known:
+            return
+        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        with self._lock:
+            if self._admin is None:
+                self._admin = AdminClient(self._config)
+            try:
+                metadata = self._admin.list_topics(topic, timeout=self._timeout_s)
+            except KafkaException as exc:  # the cluster did not answer: let the producer report it
+                logger.debug("%s: metadata of topic %r not available (%s)", transactional_id, topic, exc)
+                return
+        found = metadata.topics.get(topic)
+        error = getattr(found, "error", None)
+        if found is None or (error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            raise TopicNotFoundError(
+                f"{transactional_id!r}: topic {topic!r} does not exist (and the cluster does not create topics "
+                "automatically): create it first, e.g. kafka-topics.sh --create --topic " + topic,
+                topic,
+            )
+        self._known.add(topic)
