@@ -39,9 +39,9 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-import kafka2pc._kafka_python_import  # noqa: F401 - first: imports kafka-python without its DeprecationWarning
 import kafka.errors as kafka_errors
 
+import kafka2pc._kafka_python_import  # noqa: F401 - first: imports kafka-python without its DeprecationWarning
 from kafka2pc._exceptions import (
     AbortableError,
     AuthorizationError,
