@@ -39,9 +39,6 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-import kafka.errors as kafka_errors
-
-import kafka2pc._kafka_python_import  # noqa: F401 - first: imports kafka-python without its DeprecationWarning
 from kafka2pc._exceptions import (
     AbortableError,
     AuthorizationError,
@@ -53,6 +50,7 @@ from kafka2pc._exceptions import (
     RetriableError,
     UnsupportedBrokerError,
 )
+from kafka2pc._kafka_python_import import kafka_errors  # imports kafka-python without its DeprecationWarning
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError as ConfluentKafkaError

@@ -41,9 +41,7 @@ Facts this package relies on, each observed against Apache Kafka 4.3.1 (KRaft,
 
 from __future__ import annotations
 
-import kafka as _kafka
-
-import kafka2pc._kafka_python_import  # noqa: F401 - first: imports kafka-python without its DeprecationWarning
+from kafka2pc._kafka_python_import import kafka as _kafka  # imports kafka-python without its DeprecationWarning
 
 if int(str(getattr(_kafka, "__version__", "0")).split(".")[0]) < 3:
     raise ImportError(
