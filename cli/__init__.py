@@ -732,16 +732,23 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
                     with locks.hold(row.transactional_id) as held:
                         entry["stored_state"] = held.state
                         state = PreparedTxnState(held.state)
-                        if admin.plan_recovery(row.transactional_id, state).decision.value != "nothing":
+                        plan = admin.plan_recovery(row.transactional_id, state)
+                        if plan.decision.value == "nothing":
+                            # Nothing to settle: send nothing.  Settling anyway could abort a
+                            # transaction a live writer began after this plan, with no claim
+                            # committed to stop that writer's database commit.
+                            entry["outcome"] = plan.stored_outcome.value
+                            entry["heuristic"] = plan.heuristic
+                        else:
                             held.claim()  # committed before Kafka is touched: a live writer cannot commit
-                        settlement = admin.complete_transaction(
-                            row.transactional_id, state, fence=True, raise_on_heuristic=False
-                        )
-                        if settlement.plan.decision.value != "nothing":
-                            held.taken_over()  # fenced: a live writer must learn it before it commits
-                    plan = settlement.plan
-                    entry["outcome"] = settlement.outcome.value
-                    entry["heuristic"] = settlement.heuristic
+                            settlement = admin.complete_transaction(
+                                row.transactional_id, state, fence=True, raise_on_heuristic=False
+                            )
+                            if settlement.plan.decision.value != "nothing":
+                                held.taken_over()  # fenced: a live writer must learn it before it commits
+                            plan = settlement.plan
+                            entry["outcome"] = settlement.outcome.value
+                            entry["heuristic"] = settlement.heuristic
                 else:
                     plan = admin.plan_recovery(row.transactional_id, state)
                     entry["heuristic"] = plan.heuristic
