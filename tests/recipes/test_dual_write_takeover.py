@@ -220,6 +220,7 @@ def test_takeover_of_a_stopped_writer_bounded(
 
 
 @pytest.mark.slow
+@pytest.mark.campaign
 @pytest.mark.timeout(4 * 3600)  # 64 cells x RUNS runs; the ini's 15 minutes bound ordinary tests
 @pytest.mark.parametrize("retain", [False, True], ids=["plain", "retain"])
 @pytest.mark.parametrize("db", ["postgresql", "sqlite", "mariadb"])
