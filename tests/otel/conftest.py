@@ -38,26 +38,18 @@ def otel() -> Iterator[Collected]:
 def spark() -> Iterator[SparkSession]:
     """A local SparkSession, configured exactly as tests/spark's (one JVM serves both in a full run).
 
-    Spark reads ``spark.jars.packages`` once per process, when it starts the
-    JVM: whichever fixture runs first must load the Kafka connector that
-    tests/spark needs, although the sink tested here does not use it.
+    Neither needs Spark's Kafka connector: the sink writes with confluent-kafka.
     """
-    import pyspark
-
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.pop("KAFKA2PC_SPARK_FAULTS", None)
     from pyspark.sql import SparkSession
 
-    package = os.environ.get(
-        "KAFKA2PC_SPARK_KAFKA_PACKAGE", f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
-    )
     session = (
         SparkSession.builder.master("local[2,4]")
         .appName("kafka2pc-spark-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.pyspark.python", sys.executable)
-        .config("spark.jars.packages", package)
         .config("spark.sql.streaming.minBatchesToRetain", "20")
         .getOrCreate()
     )
