@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from kafka2pc.testing.broker import BrokerError, LocalKafka
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 pytest_plugins = ["kafka2pc.testing.pytest_plugin"]
 
@@ -45,3 +50,28 @@ def any_kafka_bootstrap(request: pytest.FixtureRequest) -> str:
     if request.param == "previous":
         return request.getfixturevalue("previous_kafka").bootstrap_servers
     return request.getfixturevalue("legacy_kafka").bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local SparkSession for every in-process Spark test (tests/spark, tests/otel).
+
+    ``local[2,4]``: two cores, up to four attempts per task (so task retries
+    happen), two shuffle partitions.  No test needs Spark's Kafka connector:
+    the sink writes with confluent-kafka.
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("kafka2pc-spark-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.sql.streaming.minBatchesToRetain", "20")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -18,7 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from kafka2pc.otel import Telemetry
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    pass
 
 
 @pytest.fixture
@@ -32,27 +30,3 @@ def otel() -> Iterator[Collected]:
     yield Collected(Telemetry(meter_provider=meter_provider, tracer_provider=tracer_provider), reader, exporter)
     meter_provider.shutdown()
     tracer_provider.shutdown()
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """A local SparkSession, configured exactly as tests/spark's (one JVM serves both in a full run).
-
-    Neither needs Spark's Kafka connector: the sink writes with confluent-kafka.
-    """
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.pop("KAFKA2PC_SPARK_FAULTS", None)
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("kafka2pc-spark-tests")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.sql.streaming.minBatchesToRetain", "20")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
