@@ -1,9 +1,8 @@
-"""Fixtures of the OpenTelemetry tests: SDK providers with in-memory readers, and a SparkSession."""
+"""Fixtures of the OpenTelemetry tests: SDK providers with in-memory readers (the SparkSession is tests/conftest.py's)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import pytest
 from _otelkit import Collected
@@ -14,9 +13,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kafka2pc.otel import Telemetry
-
-if TYPE_CHECKING:
-    pass
 
 
 @pytest.fixture
