@@ -68,7 +68,7 @@ def serve(
 
     writer = DualWriter(
         engine,
-        {"bootstrap.servers": bootstrap, "transactional.id": transactional_id, "log_level": 3},
+        {"bootstrap.servers": bootstrap, "transactional.id": transactional_id},
         state_table=state_table(metadata),
         on_step=on_step,
     )
@@ -79,9 +79,10 @@ def serve(
     if result.stored_state.is_empty and settlement.plan.coordinator is None:
         say(pid, "recovery: first start, nothing to settle")
     else:
-        say(pid, f"recovery: the database holds state {result.stored_state}; Kafka's open transaction "
-                 f"{'is' if settlement.plan.decision.value == 'commit' else 'is not'} that one -> "
-                 f"{settlement.plan.decision.value}; the stored transaction is now {settlement.outcome.value}")
+        decision = settlement.plan.decision.value
+        say(pid, f"recovery: the database committed Kafka state {result.stored_state}; Kafka's open transaction "
+                 f"{'is exactly that one' if decision == 'commit' else 'is not that one'} -> {decision}; "
+                 f"the stored transaction is now {settlement.outcome.value}")
     for number in range(first, last + 1):
         current["order"] = number
         order_id = f"order-{number:03d}"
@@ -162,7 +163,8 @@ def demo(orders: int, crash_at: int) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="kafka2pc-demo-"))
     db_url = f"sqlite:///{workdir / 'orders.db'}"
     topic = create_topic(bootstrap, f"orders-{uuid.uuid4().hex[:8]}")
-    common = ["--db", db_url, "--bootstrap", bootstrap, "--topic", topic, "--transactional-id", f"order-service-{topic}"]
+    common = ["--db", db_url, "--bootstrap", bootstrap, "--topic", topic,
+              "--transactional-id", f"order-service-{topic}"]
     try:
         step("Setup", f"orders in {db_url}, events in topic {topic} at {bootstrap}")
 
@@ -175,7 +177,8 @@ def demo(orders: int, crash_at: int) -> int:
 
         step("In between", "the database has the order; Kafka holds its event in a prepared transaction")
         check(db_url, bootstrap, topic)
-        print("   (read_committed consumers do not see the prepared event yet; nothing is lost or duplicated)")
+        print(f"   as expected: order {crash_at} is in the database, its event is prepared in Kafka but not yet "
+              "visible to read_committed consumers (nothing lost, nothing duplicated)")
 
         step("Run 2", f"restart: recovery settles order {crash_at}'s transaction, then orders {crash_at + 1}..{orders}")
         code = run_child([*common, "--first", str(crash_at + 1), "--last", str(orders)])

@@ -10,6 +10,8 @@ from typing import Literal
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from kafka2pc._logging import with_librdkafka_logger
+
 Isolation = Literal["read_committed", "read_uncommitted"]
 
 
@@ -34,7 +36,7 @@ def create_topic(
 ) -> str:
     """Create a topic (random name by default) and wait until it has leaders; return its name."""
     name = name or f"t-{uuid.uuid4().hex[:12]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = AdminClient(with_librdkafka_logger({"bootstrap.servers": bootstrap_servers}))
     futures = admin.create_topics(
         [NewTopic(name, partitions, replication_factor, config=config or {})],
         operation_timeout=30,
@@ -58,7 +60,7 @@ def end_offsets(
     from confluent_kafka import IsolationLevel
     from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    admin = AdminClient(with_librdkafka_logger({"bootstrap.servers": bootstrap_servers}))
     md = admin.list_topics(topic, timeout=10).topics[topic]
     level = (
         IsolationLevel.READ_COMMITTED if isolation == "read_committed" else IsolationLevel.READ_UNCOMMITTED
@@ -86,13 +88,13 @@ def drain(
     """
     ends = end_offsets(bootstrap_servers, topic, isolation)
     consumer = Consumer(
-        {
+        with_librdkafka_logger({
             "bootstrap.servers": bootstrap_servers,
             "group.id": f"k2pc-drain-{uuid.uuid4().hex[:8]}",
             "isolation.level": isolation,
             "enable.auto.commit": False,
             "enable.partition.eof": True,
-        }
+        })
     )
     records: list[Record] = []
     try:

@@ -446,6 +446,8 @@ class LocalKafka:
         """Block until every node answers metadata requests and reports all brokers."""
         from confluent_kafka.admin import AdminClient
 
+        from kafka2pc._logging import with_librdkafka_logger
+
         deadline = time.monotonic() + timeout
         last_error: object = None
         while time.monotonic() < deadline:
@@ -457,7 +459,7 @@ class LocalKafka:
                 )
             if all(_port_open(n.port) for n in self.nodes):
                 try:
-                    admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+                    admin = AdminClient(with_librdkafka_logger({"bootstrap.servers": self.bootstrap_servers}))
                     md = admin.list_topics(timeout=5)
                     if len(md.brokers) == len(self.nodes) and md.controller_id >= 0:
                         return

@@ -43,7 +43,9 @@ class TopicCheck:
 
         with self._lock:
             if self._admin is None:
-                self._admin = AdminClient(self._config)
+                from kafka2pc._logging import with_librdkafka_logger
+
+                self._admin = AdminClient(with_librdkafka_logger(dict(self._config)))  # logs -> logging
             try:
                 metadata = self._admin.list_topics(topic, timeout=self._timeout_s)
             except KafkaException as exc:  # the cluster did not answer: let the producer report it
