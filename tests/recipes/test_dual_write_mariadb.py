@@ -77,3 +77,44 @@ def test_cli_in_doubt_and_recover_with_a_mysql_url(mariadb_url: str, kafka_boots
     rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, series)
     assert not problems and rows == records == 4
     engine.dispose()
+
+
+def test_cli_in_doubt_dry_run_and_recover_abort_with_a_mariadb_url(
+    mariadb_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A child killed after storing its state but before COMMIT (the database rolled back, Kafka holds a
+    prepared transaction); with a plain ``mariadb://`` URL the CLI decides abort, ``--dry-run`` changes
+    nothing, ``recover`` aborts it: the rolled-back rows' records are never visible and nothing hangs."""
+    engine = sa.create_engine(mariadb_url, poolclass=sa.pool.NullPool)
+    metadata = sa.MetaData()
+    state_table(metadata)
+    outbox_table(metadata)
+    items_table(metadata)
+    metadata.create_all(engine)
+    series = f"cli-abort-{uuid.uuid4().hex[:8]}"
+    tid, topic = f"dw-{series}", create_topic(kafka_bootstrap)
+    zygote = Zygote(tmp_path / "zygote.log")
+    try:
+        job = {"db_url": mariadb_url, "bootstrap": kafka_bootstrap, "tid": tid, "topic": topic, "series": series,
+               "results": str(tmp_path / "r.jsonl"), "run": 0, "point": "state_stored", "crash_txn": 1,
+               "transactions": 2, "records": 2}
+        assert zygote.run(job) == -9
+    finally:
+        zygote.close()
+    url = sa.make_url(mariadb_url).set(drivername="mariadb").render_as_string(hide_password=False)
+    for command in (("in-doubt",), ("recover", "--dry-run")):
+        shown = _cli(kafka_bootstrap, *command, "--db-url", url)
+        entries = {e["transactional_id"]: e for e in json.loads(shown.stdout)["entries"]}
+        assert entries[tid]["decision"] == "abort", shown.stdout + shown.stderr
+        assert entries[tid]["kafka_state"] == "Ongoing" and entries[tid]["outcome"] is None, shown.stdout
+    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, series)
+    assert rows == records == 2 and problems and "hanging" in problems[-1]  # the dry run left it open
+    recovered = _cli(kafka_bootstrap, "recover", "--db-url", url)
+    assert recovered.returncode == 0, recovered.stderr
+    entries = {e["transactional_id"]: e for e in json.loads(recovered.stdout)["entries"]}
+    # The open transaction is aborted; the stored one (the first transaction's state) stays committed.
+    assert entries[tid]["decision"] == "abort" and entries[tid]["outcome"] == "committed", recovered.stdout
+    assert entries[tid]["kafka_state"] == "Ongoing", recovered.stdout
+    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, series)
+    assert not problems and rows == records == 2
+    engine.dispose()
