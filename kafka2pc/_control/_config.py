@@ -47,6 +47,12 @@ _DIRECT_KEYS = {
     "ssl.crl.location": "ssl_crlfile",
 }
 
+#: librdkafka's reconnect backoff settings -> kafka-python's (milliseconds, both).
+_BACKOFF_KEYS = {
+    "reconnect.backoff.ms": "reconnect_backoff_ms",
+    "reconnect.backoff.max.ms": "reconnect_backoff_max_ms",
+}
+
 
 def is_security_key(key: str) -> bool:
     """Is ``key`` a librdkafka security setting (``security.*``, ``sasl.*``, ``ssl.*``...)?"""
@@ -136,6 +142,13 @@ def kafka_python_config(confluent_config: Mapping[str, Any]) -> dict[str, Any]:
                     f"(supported: {', '.join(sorted(_SASL_MECHANISMS))})"
                 )
             result["sasl_mechanism"] = mechanism
+        elif key in _BACKOFF_KEYS:
+            # Both clients back off alike: kafka-python's default ceiling is 30 s (librdkafka's 10 s), and
+            # a control plane bootstrapping while a broker restarts would otherwise sleep past its return.
+            try:
+                result[_BACKOFF_KEYS[key]] = int(value)
+            except (TypeError, ValueError):
+                raise UsageError(f"{key} must be a number of milliseconds, not {value!r}") from None
         elif key == "ssl.endpoint.identification.algorithm":
             algorithm = str(value).lower()
             if algorithm not in ("https", "none"):

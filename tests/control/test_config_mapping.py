@@ -124,3 +124,14 @@ def test_the_input_mapping_is_not_modified() -> None:
     before = dict(config)
     kafka_python_config(config)
     assert config == before
+
+
+def test_reconnect_backoff_settings_apply_to_the_control_plane_too() -> None:
+    """kafka-python backs off up to 30 s by default: a control plane bootstrapping while a broker
+    restarts would sleep past its return although the application asked for a short backoff."""
+    result = kafka_python_config(
+        {"bootstrap.servers": "b:1", "reconnect.backoff.ms": "20", "reconnect.backoff.max.ms": 500}
+    )
+    assert result == {"bootstrap_servers": ["b:1"], "reconnect_backoff_ms": 20, "reconnect_backoff_max_ms": 500}
+    with pytest.raises(UsageError, match="reconnect.backoff.max.ms must be a number of milliseconds"):
+        kafka_python_config({"bootstrap.servers": "b:1", "reconnect.backoff.max.ms": "soon"})

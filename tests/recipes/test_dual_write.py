@@ -287,6 +287,7 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
     sqlite = db_url.startswith("sqlite")
     recovered = threading.Event()
     paused, release = threading.Event(), threading.Event()
+    first_kafka_committed = threading.Event()
 
     def first_pauses(step: Step) -> None:
         if paused_at == "storing" and step is Step.DB_COMMITTING:
@@ -294,6 +295,15 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
             release.wait(10)
         if second_settles_first and step is Step.DB_COMMITTED:
             assert recovered.wait(30)  # the second recovers between our two commits
+        if step is Step.KAFKA_COMMITTED:
+            first_kafka_committed.set()
+
+    def second_waits(step: Step) -> None:
+        # "first-commits": the first's database COMMIT released the row to the second's recovery, and
+        # the first's Kafka commit is on its way; let it land before the second touches Kafka (else the
+        # second may find it still open and commit it itself: the "second-commits" case, not this one).
+        if paused_at == "storing" and not second_settles_first and step is Step.RECOVERY_CLAIMED:
+            assert first_kafka_committed.wait(30)
 
     control = Hook()
     first = env.writer(on_step=control)
@@ -318,7 +328,7 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
     second_engine = sa.create_engine(env.engine.url)
     second = DualWriter(
         second_engine, {"bootstrap.servers": env.bootstrap, "transactional.id": first.transactional_id},
-        state_table=env.states,
+        state_table=env.states, on_step=second_waits,
     )
     results: list[Any] = []
     recovery = threading.Thread(target=lambda: (results.append(second.recover()), recovered.set()))
