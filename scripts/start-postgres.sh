@@ -16,6 +16,9 @@ start() {
   ver=$(ls /usr/lib/postgresql | sort -V | tail -n1)
   if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -q "^$ver main$"; then
     $SUDO pg_createcluster "$ver" main >/dev/null
+    # The crash tests' parallel children and the pool tests open many connections at once, and
+    # concurrent test sessions share the server: Debian's 100 can run out ("too many clients already").
+    $SUDO pg_conftool "$ver" main set max_connections 300
   fi
   # A server killed uncleanly leaves pid/lock files; pg_ctl clears them, but
   # only once the dead postmaster is reaped, so retry a few times.
