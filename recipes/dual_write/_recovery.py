@@ -127,15 +127,15 @@ class Recovering(WriterCore):
     def _complete(
         self, producer: TwoPhaseCommitProducer, state: PreparedTxnState
     ) -> tuple[Settlement, HeuristicOutcomeError | None]:
-        from kafka2pc import Settlement, TransactionOutcome
-        from kafka2pc._recovery import plan
+        from kafka2pc import Settlement, TransactionAdmin, TransactionOutcome
 
         for attempt in range(1, self._settle_attempts + 1):
             try:
                 self._kafka(lambda: producer.complete_transaction(state))
             except HeuristicOutcomeError as exc:
                 self._heuristics += 1
-                return Settlement(plan(producer.control_plane, self._tid, state), TransactionOutcome.ABORTED), exc
+                admin = TransactionAdmin(self._config, control_plane=producer.control_plane)
+                return Settlement(admin.plan_recovery(self._tid, state), TransactionOutcome.ABORTED), exc
             except IndefiniteOutcomeError:
                 if attempt == self._settle_attempts:
                     raise

@@ -83,11 +83,10 @@ class Settling(Recovering):
         if isinstance(cause, ProducerFencedError) or self._taken_over_now():
             # Another instance recovered this id: it read our state from the database and
             # settled our transaction.  Only look (recovering would fence it in turn).
-            from kafka2pc import TransactionOutcome
-            from kafka2pc._recovery import outcome_of
+            from kafka2pc import TransactionAdmin, TransactionOutcome
 
             self._to(WriterState.FENCED)
-            outcome = outcome_of(producer.control_plane, state)
+            outcome = TransactionAdmin(self._config, control_plane=producer.control_plane).outcome_of(state)
             if outcome is TransactionOutcome.COMMITTED:
                 logger.warning("%s: fenced during commit; the new owner committed %s", self._tid, state)
                 self._in_doubt = self._in_doubt_since = None
