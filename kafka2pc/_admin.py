@@ -4,7 +4,15 @@ Every method is bounded: it finishes within its ``timeout`` (default: the
 admin's ``timeout_s``, 30 s unless given) plus a small slack, whatever the
 cluster does -- unreachable bootstrap, a broker that stops mid-call, a
 coordinator that keeps answering "busy".  Past the bound it raises
-:class:`BrokerUnavailableError`.
+:class:`BrokerUnavailableError`.  Methods over many transactions or
+partitions say what their ``timeout`` bounds: each settlement
+(``settle_many``, ``settle_open``), the probes plus ``wait_s``
+(``outcomes_of_settled``), each request unless one is given
+(``find_hanging_transactions``).
+
+It is the one recovery facade: the dual-write and Spark recipes and the
+``kafka2pc`` CLI settle, probe and terminate transactions through it, never
+through the private modules (``tests/unit/test_import_boundaries.py``).
 """
 
 from __future__ import annotations
