@@ -182,7 +182,6 @@ def _admin() -> Iterator[TransactionAdmin]:
         if not settings.command_config or str(exc).startswith("--command-config"):
             raise
         raise type(exc)(f"--command-config {settings.command_config}: {exc}") from exc
-    click.get_current_context().meta[_META + "client_config"] = config
     try:
         yield admin
     except BrokerUnavailableError as exc:
