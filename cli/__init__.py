@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kafka2pc._extras import missing_extra
+from kafka2pc import missing_extra
 
 try:
     import click
@@ -51,8 +51,7 @@ from ._render import (
 )
 
 if TYPE_CHECKING:
-    from kafka2pc._admin import TransactionAdmin, TransactionInfo
-    from kafka2pc._types import TransactionDescription
+    from kafka2pc import TransactionAdmin, TransactionDescription, TransactionInfo
 
     from ._statedb import StoredState
 
@@ -171,8 +170,7 @@ def _admin() -> Iterator[TransactionAdmin]:
     """A :class:`TransactionAdmin` for the connection options in effect (imported here: heavy)."""
     settings = _settings()
     _configure_logging(settings.debug)
-    from kafka2pc._admin import TransactionAdmin
-    from kafka2pc._exceptions import BrokerUnavailableError, UsageError
+    from kafka2pc import BrokerUnavailableError, TransactionAdmin, UsageError
 
     from ._config import client_config, read_properties
 
@@ -184,7 +182,6 @@ def _admin() -> Iterator[TransactionAdmin]:
         if not settings.command_config or str(exc).startswith("--command-config"):
             raise
         raise type(exc)(f"--command-config {settings.command_config}: {exc}") from exc
-    click.get_current_context().meta[_META + "client_config"] = config
     try:
         yield admin
     except BrokerUnavailableError as exc:
@@ -375,7 +372,7 @@ def complete_command(
     had already aborted the transaction STATE names (a heuristic outcome).
     With --transactional-id ID, STATE is the only argument.
     """
-    from kafka2pc._state import PreparedTxnState
+    from kafka2pc import PreparedTxnState
 
     if transactional_id_option is not None and state is None:
         transactional_id, state = None, transactional_id
@@ -459,8 +456,8 @@ def force_terminate_command(transactional_id: str | None, transactional_id_optio
         before = admin.force_terminate_transaction(transactional_id)
         if before is None:
             raise _unknown_id(transactional_id)
-        after = admin.control_plane.describe_transaction(transactional_id)
-    new_epoch = "?" if after is None else str(after.producer_epoch)
+        after = admin.describe_transaction(transactional_id)
+    new_epoch = "?" if after is None else str(after.description.producer_epoch)
     partitions = ", ".join(f"{tp.topic}-{tp.partition}" for tp in before.partitions) or "no partitions"
     if before.state in ("Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"):
         click.echo(
@@ -505,10 +502,10 @@ def describe_producers_command(topic: str, partition: int, output: str) -> None:
     transaction on the partition ('-' when none is open): the partition's last
     stable offset cannot pass it until that transaction ends.
     """
-    from kafka2pc._types import TopicPartition
+    from kafka2pc import TopicPartition
 
     with _admin() as admin:
-        producers = admin.control_plane.describe_producers(TopicPartition(topic, partition))
+        producers = admin.describe_producers(TopicPartition(topic, partition))
     rows = [producer_json(p) for p in sorted(producers, key=lambda p: p.producer_id)]
     if output == "json":
         click.echo(dump_json({"version": JSON_VERSION, "topic": topic, "partition": partition, "producers": rows}))
@@ -552,18 +549,16 @@ def find_hanging_command(
     A prepared two-phase-commit transaction whose owner died is not hanging
     (its coordinator tracks it): settle it with 'complete' or 'recover'.
     """
-    from kafka2pc._hanging import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, find_open_transactions, partitions
+    from kafka2pc import TransactionAdmin
 
     if (topic is None) == (broker_id is None):
         raise click.UsageError("give --topic TOPIC [--partition N] or --broker-id ID")
     if partition is not None and topic is None:
         raise click.UsageError("--partition needs --topic")
-    limit = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS if max_timeout_ms is None else max_timeout_ms
+    limit = TransactionAdmin.DEFAULT_MAX_TRANSACTION_TIMEOUT_MS if max_timeout_ms is None else max_timeout_ms
     with _admin() as admin:
-        config = click.get_current_context().meta[_META + "client_config"]
-        tps = partitions(config, topic=topic, partition=partition, broker_id=broker_id,
-                         timeout_s=_settings().timeout_s)
-        found = find_open_transactions(admin.control_plane, tps, max_transaction_timeout_ms=limit)
+        tps = admin.partitions(topic=topic, partition=partition, broker_id=broker_id, timeout=_settings().timeout_s)
+        found = admin.find_hanging_transactions(tps, max_transaction_timeout_ms=limit)
     shown = [o for o in found if all_open or o.hanging]
     if output == "json":
         click.echo(dump_json({
@@ -616,8 +611,7 @@ def abort_command(
     transaction must be settled by 'complete' or 'recover', which know
     whether the database committed it.
     """
-    from kafka2pc._hanging import find_open_transactions
-    from kafka2pc._types import TopicPartition
+    from kafka2pc import TopicPartition
 
     if (start_offset is None) == (producer_id is None and producer_epoch is None):
         raise click.UsageError("name the transaction by --start-offset, or by --producer-id and --producer-epoch")
@@ -625,8 +619,7 @@ def abort_command(
         raise click.UsageError("--producer-id and --producer-epoch go together")
     tp = TopicPartition(topic, partition)
     with _admin() as admin:
-        ctrl = admin.control_plane
-        open_here = [p for p in ctrl.describe_producers(tp) if p.current_txn_start_offset >= 0]
+        open_here = [p for p in admin.describe_producers(tp) if p.current_txn_start_offset >= 0]
         matches = [
             p for p in open_here
             if (start_offset is not None and p.current_txn_start_offset == start_offset)
@@ -639,7 +632,7 @@ def abort_command(
                              ExitCode.NOT_FOUND)
         target = matches[0]
         judged = next(
-            (o for o in find_open_transactions(ctrl, [tp], max_transaction_timeout_ms=0)
+            (o for o in admin.find_hanging_transactions([tp], max_transaction_timeout_ms=0)
              if o.producer.producer_id == target.producer_id),
             None,
         )
@@ -661,11 +654,10 @@ def abort_command(
             if not confirmed:
                 raise CliFailure("nothing was aborted (not confirmed; pass --yes to skip the question)",
                                  ExitCode.FAILURE)
-        ctrl.abort_partition_transaction(
+        lag = admin.abort_partition_transaction(
             tp, target.producer_id, target.producer_epoch, coordinator_epoch=coordinator_epoch
         )
-        _, lso, hw = ctrl.partition_offsets(tp)
-    click.echo(f"aborted {what}; last stable offset now {lso} (high watermark {hw})")
+    click.echo(f"aborted {what}; last stable offset now {lag.last_stable_offset} (high watermark {lag.high_watermark})")
 
 
 # -- in-doubt / recover -------------------------------------------------------------------
@@ -694,8 +686,7 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
     """Plan (and with ``settle``, carry out) recovery for every row; the JSON report and the exit code."""
     settings = _settings()
     _configure_logging(settings.debug)
-    from kafka2pc._exceptions import IndefiniteOutcomeError, UsageError
-    from kafka2pc._state import PreparedTxnState
+    from kafka2pc import IndefiniteOutcomeError, PreparedTxnState, TransactionOutcome, UsageError
 
     from ._statedb import RowLocks, masked_url, read_states
 
@@ -754,7 +745,8 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
                     entry["heuristic"] = plan.heuristic
             except UsageError as exc:  # malformed stored state, or a state of another transactional id
                 entry["error"] = " ".join(str(exc).split())
-                _fill_kafka_fields(entry, admin.control_plane.describe_transaction(row.transactional_id))
+                info = admin.describe_transaction(row.transactional_id)
+                _fill_kafka_fields(entry, None if info is None else info.description)
                 continue
             except IndefiniteOutcomeError as exc:
                 indefinite = True
@@ -766,11 +758,18 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
         # A stored transaction's outcome is "unknown" while another open transaction holds
         # back its partition's LSO.  Once every row is settled, ask again: an abort found
         # only now is still a heuristic outcome that must not go unreported.
-        for entry in entries:
-            if entry["outcome"] == "unknown" and entry["transactional_id"] in settled_states:
-                again = admin.plan_recovery(entry["transactional_id"], settled_states[entry["transactional_id"]])
-                entry["outcome"] = again.stored_outcome.value
-                entry["heuristic"] = again.heuristic
+        unknown = {
+            entry["transactional_id"]: settled_states[entry["transactional_id"]]
+            for entry in entries
+            if entry["outcome"] == "unknown" and entry["transactional_id"] in settled_states
+        }
+        if unknown:
+            outcomes = admin.outcomes_of_settled(unknown)
+            for entry in entries:
+                again = outcomes.get(entry["transactional_id"])
+                if again is not None and entry["outcome"] == "unknown":
+                    entry["outcome"] = again.value
+                    entry["heuristic"] = again is TransactionOutcome.ABORTED
     summary = {
         "rows": len(entries),
         "commit": sum(e["decision"] == "commit" for e in entries),
@@ -801,8 +800,7 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
 
 def _prepared_text(stored_state: str | None) -> str:
     """The stored prepared state, short: ``producer/epoch topic-partition@first offset`` (``-``: empty)."""
-    from kafka2pc._exceptions import UsageError
-    from kafka2pc._state import PreparedTxnState
+    from kafka2pc import PreparedTxnState, UsageError
 
     try:
         state = PreparedTxnState(stored_state or "")

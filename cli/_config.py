@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kafka2pc._exceptions import UsageError
+from kafka2pc import UsageError
 
 __all__ = ["CommandConfigError", "client_config", "parse_jaas_credentials", "read_properties"]
 

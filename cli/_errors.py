@@ -5,7 +5,7 @@ differently has its own code; the message says what to do.  Every exception a
 command lets escape goes through :func:`classify`, called from one place (the
 group's ``invoke`` in :mod:`kafka2pc.cli`).
 
-Only cheap modules are imported here: :mod:`kafka2pc._exceptions` is pure
+Only cheap modules are imported here: ``kafka2pc`` itself (its exceptions) is pure
 Python.  SQLAlchemy's error classes are recognised by module name, so that
 ``kafka2pc --help`` never imports SQLAlchemy.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 
-from kafka2pc._exceptions import (
+from kafka2pc import (
     AuthorizationError,
     BrokerUnavailableError,
     HeuristicOutcomeError,

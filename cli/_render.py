@@ -17,9 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kafka2pc._admin import PartitionLag, TransactionInfo
-    from kafka2pc._hanging import OpenTransaction
-    from kafka2pc._types import ProducerState, TransactionDescription
+    from kafka2pc import OpenTransaction, PartitionLag, ProducerState, TransactionDescription, TransactionInfo
 
 __all__ = [
     "JSON_VERSION",

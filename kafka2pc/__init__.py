@@ -26,12 +26,14 @@ from kafka2pc._exceptions import (
     UnsupportedBrokerError,
     UsageError,
 )
+from kafka2pc._extras import missing_extra
 from kafka2pc._machine import TxnState
 from kafka2pc._state import PreparedTxnState
-from kafka2pc._types import TopicPartition
+from kafka2pc._types import ProducerState, TopicPartition, TransactionDescription
 
 if TYPE_CHECKING:
-    from kafka2pc._admin import TransactionAdmin, TransactionInfo
+    from kafka2pc._admin import PartitionLag, TransactionAdmin, TransactionInfo
+    from kafka2pc._hanging import OpenTransaction
     from kafka2pc._producer import QueueFullError, TwoPhaseCommitProducer
     from kafka2pc._recovery import Decision, RecoveryPlan, Settlement, TransactionOutcome
 
@@ -39,7 +41,9 @@ if TYPE_CHECKING:
 # first access (PEP 562) so that ``import kafka2pc`` -- and the CLI's ``--help`` --
 # stay fast.  ``from kafka2pc import TwoPhaseCommitProducer`` works as before.
 _LAZY = {
+    "PartitionLag": "kafka2pc._admin",
     "TransactionAdmin": "kafka2pc._admin",
+    "OpenTransaction": "kafka2pc._hanging",
     "TransactionInfo": "kafka2pc._admin",
     "QueueFullError": "kafka2pc._producer",
     "TwoPhaseCommitProducer": "kafka2pc._producer",
@@ -63,14 +67,18 @@ __all__ = [
     "InvalidPreparedStateError",
     "Kafka2pcError",
     "KafkaTransactionError",
+    "OpenTransaction",
+    "PartitionLag",
     "PreparedTxnState",
     "ProducerFencedError",
+    "ProducerState",
     "QueueFullError",
     "RecoveryPlan",
     "RetriableError",
     "Settlement",
     "TopicPartition",
     "TransactionAdmin",
+    "TransactionDescription",
     "TransactionInfo",
     "TransactionOutcome",
     "TransactionalIdMismatchError",
@@ -79,6 +87,7 @@ __all__ = [
     "UnsupportedBrokerError",
     "UsageError",
     "__version__",
+    "missing_extra",
 ]
 
 

@@ -4,23 +4,44 @@ Every method is bounded: it finishes within its ``timeout`` (default: the
 admin's ``timeout_s``, 30 s unless given) plus a small slack, whatever the
 cluster does -- unreachable bootstrap, a broker that stops mid-call, a
 coordinator that keeps answering "busy".  Past the bound it raises
-:class:`BrokerUnavailableError`.
+:class:`BrokerUnavailableError`.  Methods over many transactions or
+partitions say what their ``timeout`` bounds: each settlement
+(``settle_many``, ``settle_open``), the probes plus ``wait_s``
+(``outcomes_of_settled``), each request unless one is given
+(``find_hanging_transactions``).
+
+It is the one recovery facade: the dual-write and Spark recipes and the
+``kafka2pc`` CLI settle, probe and terminate transactions through it, never
+through the private modules (``tests/unit/test_import_boundaries.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from kafka2pc._control import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TIMEOUT_S, ControlPlane
 from kafka2pc._control._diagnosis import diagnose_unreachable
 from kafka2pc._exceptions import KafkaTransactionError, UsageError
-from kafka2pc._recovery import Decision, RecoveryPlan, Settlement, TransactionOutcome, outcome_of, plan, settle
+from kafka2pc._hanging import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, OpenTransaction, find_open_transactions
+from kafka2pc._hanging import partitions as metadata_partitions
+from kafka2pc._recovery import (
+    Decision,
+    RecoveryPlan,
+    Settlement,
+    TransactionOutcome,
+    outcome_of,
+    outcomes_of_settled,
+    plan,
+    settle,
+    wait_for_markers,
+)
 from kafka2pc._state import PreparedTxnState
-from kafka2pc._types import TopicPartition, TransactionDescription
+from kafka2pc._types import ProducerState, TopicPartition, TransactionDescription
 
 __all__ = ["PartitionLag", "TransactionAdmin", "TransactionInfo"]
 
@@ -76,6 +97,9 @@ class TransactionInfo:
 class TransactionAdmin:
     """Inspect, settle and terminate transactions from any process (no producer needed).
 
+    The one recovery facade: the dual-write and Spark recipes and the
+    ``kafka2pc`` CLI settle, probe and terminate transactions through it.
+
     Example::
 
         with TransactionAdmin({"bootstrap.servers": "localhost:9092"}) as admin:
@@ -84,30 +108,41 @@ class TransactionAdmin:
             admin.force_terminate_transaction("orders-1")
     """
 
+    DEFAULT_MAX_TRANSACTION_TIMEOUT_MS: ClassVar[int] = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS
+    """The broker's default ``transaction.max.timeout.ms`` (15 minutes): what
+    :meth:`find_hanging_transactions` assumes unless told."""
+
     def __init__(
         self,
         config: Mapping[str, Any],
         *,
         timeout_s: float | None = None,
         request_timeout_s: float | None = None,
+        control_plane: ControlPlane | None = None,
     ) -> None:
         """``config``: confluent-kafka style settings (only connection and security keys are used).
 
         ``timeout_s`` bounds each method call that is given no ``timeout``
         (default 30 s); ``request_timeout_s`` bounds each request on the wire,
         and connecting to the bootstrap servers (default: the smaller of
-        ``timeout_s`` and 30 s).
+        ``timeout_s`` and 30 s).  ``control_plane`` shares the connections of
+        another client (a producer's :attr:`TwoPhaseCommitProducer.control_plane`,
+        or another admin's); :meth:`close` then leaves them open.
         """
+        self._config = dict(config)
+        self._owns_ctrl = control_plane is None
+        if control_plane is not None:
+            self._ctrl = control_plane
+            return
         if timeout_s is None:
             timeout_s = DEFAULT_TIMEOUT_S
         if request_timeout_s is None:
             request_timeout_s = min(timeout_s, DEFAULT_REQUEST_TIMEOUT_S)
-        self._config = dict(config)
         self._ctrl = ControlPlane(config, request_timeout_s=request_timeout_s, timeout_s=timeout_s)
 
     @property
     def control_plane(self) -> ControlPlane:
-        """The underlying coordinator client."""
+        """The underlying coordinator client (pass it to a producer to share the connections)."""
         return self._ctrl
 
     @property
@@ -116,8 +151,21 @@ class TransactionAdmin:
         return self._ctrl.timeout_s
 
     def close(self) -> None:
-        """Close the connections."""
-        self._ctrl.close()
+        """Close the connections (unless they are shared: see ``control_plane`` in the constructor)."""
+        if self._owns_ctrl:
+            self._ctrl.close()
+
+    @contextlib.contextmanager
+    def bounded(self, timeout: float | None) -> Iterator[None]:
+        """Hold every call this thread makes over these connections inside the block to one deadline.
+
+        The calls of this admin, and of a producer that shares its
+        connections, each end by ``timeout`` seconds from now (``None``: the
+        admin's ``timeout_s``); a call's own ``timeout`` can only make that
+        earlier.  Past the deadline a call raises :class:`BrokerUnavailableError`.
+        """
+        with self._ctrl.deadline(timeout):
+            yield
 
     def diagnose_connection(self, *, timeout: float | None = None) -> KafkaTransactionError | None:
         """Why the cluster cannot be reached, if a second client can tell; ``None`` otherwise.
@@ -233,6 +281,198 @@ class TransactionAdmin:
             if fence and settlement.plan.coordinator is not None and settlement.plan.decision is not Decision.NOTHING:
                 self._ctrl.fence(transactional_id, settlement.plan.coordinator)
         return settlement
+
+    def outcome_of(self, state: PreparedTxnState, *, timeout: float | None = None) -> TransactionOutcome:
+        """What became of the transaction ``state`` names: a read-only probe of its anchor record.
+
+        Unlike :meth:`transaction_outcome` it does not look at the coordinator
+        (so an open transaction reads as ``ONGOING`` or ``UNKNOWN``); use it
+        for a transaction that was settled, by this process or another.
+        """
+        with self._ctrl.deadline(timeout):
+            return outcome_of(self._ctrl, state)
+
+    def outcomes_of_settled(
+        self, states: Mapping[str, PreparedTxnState], *, wait_s: float = 0.0, timeout: float | None = None
+    ) -> dict[str, TransactionOutcome]:
+        """The outcome of each settled transaction (keyed as ``states``), asked again while unknown.
+
+        A settled transaction's outcome is ``UNKNOWN`` while another open
+        transaction holds its partition's last stable offset back.  Each is
+        asked once, then again every 0.5 s while any is unknown, for up to
+        ``wait_s``; those still unknown then are reported ``UNKNOWN``.  An
+        ``ABORTED`` outcome of a transaction a database committed is a heuristic
+        outcome.  The call ends within ``wait_s + timeout`` (``timeout``
+        default: the admin's ``timeout_s``).
+        """
+        if wait_s < 0:
+            raise UsageError(f"wait_s must not be negative, got {wait_s}")
+        with self._ctrl.deadline(wait_s + (self.timeout_s if timeout is None else timeout)):
+            return outcomes_of_settled(self._ctrl, states, wait_s=wait_s)
+
+    def settle_many(
+        self,
+        states: Mapping[str, PreparedTxnState],
+        *,
+        fence: bool = False,
+        raise_on_heuristic: bool = True,
+        on_settled: Callable[[str, Settlement], None] | None = None,
+        markers_timeout_s: float = 10.0,
+        timeout: float | None = None,
+    ) -> dict[str, Settlement]:
+        """:meth:`complete_transaction` for each transactional id in ``states``, then wait for the markers.
+
+        Settles in the order of ``states`` (``timeout`` bounds each one),
+        calling ``on_settled(transactional_id, settlement)`` after each.  Then
+        waits, for up to ``markers_timeout_s`` in all, until the coordinator
+        has written the commit or abort markers of the transactions it ended,
+        so that their records are readable and the ids can be initialised
+        again at once when this returns.  With ``raise_on_heuristic=True`` the
+        first heuristic outcome raises :class:`HeuristicOutcomeError` (the ids
+        before it are settled).
+        """
+        settlements: dict[str, Settlement] = {}
+        ended: list[str] = []
+        for transactional_id, state in states.items():
+            settlement = self.complete_transaction(
+                transactional_id, state, fence=fence, raise_on_heuristic=raise_on_heuristic, timeout=timeout
+            )
+            settlements[transactional_id] = settlement
+            if settlement.plan.decision is not Decision.NOTHING:
+                ended.append(transactional_id)
+            if on_settled is not None:
+                on_settled(transactional_id, settlement)
+        if ended:
+            with self._ctrl.deadline(markers_timeout_s + self._ctrl.timeout_s):
+                late = wait_for_markers(self._ctrl, ended, markers_timeout_s)
+            if late:
+                logger.warning("markers of %s not written after %.0f s", late, markers_timeout_s)
+        return settlements
+
+    def settle_open(
+        self,
+        matching: Callable[[str], bool],
+        states: Mapping[str, PreparedTxnState],
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Decision]:
+        """Settle every open transaction whose transactional id is ``matching``: commit or abort it.
+
+        One with a state in ``states`` is settled with it (committed if it is
+        the transaction the state names, aborted otherwise; no fencing).  One
+        ``states`` does not name is aborted with :meth:`force_terminate_transaction`
+        (``only_ongoing=True``), which also fences a zombie producer still
+        running.  Returns the decision taken per transactional id (only
+        transactions that were open).  ``timeout`` bounds the listing, and
+        each settlement.
+        """
+        with self._ctrl.deadline(timeout):
+            listings = self._ctrl.list_transactions(states=["Ongoing"])
+        decisions: dict[str, Decision] = {}
+        for listing in listings:
+            tid = listing.transactional_id
+            if not matching(tid):
+                continue
+            state = states.get(tid)
+            if state is not None:
+                settlement = self.complete_transaction(tid, state, fence=False, raise_on_heuristic=False,
+                                                       timeout=timeout)
+                logger.info("settled open transaction of %s: %s (%s)", tid, settlement.plan.decision.value,
+                            settlement.plan.reason)
+                decisions[tid] = settlement.plan.decision
+                continue
+            before = self.force_terminate_transaction(tid, only_ongoing=True, timeout=timeout)
+            if before is not None:
+                decisions[tid] = Decision.ABORT
+        return decisions
+
+    def describe_producers(self, partition: TopicPartition, *, timeout: float | None = None) -> list[ProducerState]:
+        """The active producers of ``partition`` (its leader's view, DescribeProducers).
+
+        A producer's ``current_txn_start_offset`` is the first offset of the
+        transaction it has open there (``-1``: none): the partition's last
+        stable offset cannot pass it until that transaction ends.
+        """
+        with self._ctrl.deadline(timeout):
+            return self._ctrl.describe_producers(partition)
+
+    def partition_lag(self, partition: TopicPartition, *, timeout: float | None = None) -> PartitionLag:
+        """The last stable offset and high watermark of ``partition``: what open transactions hold back."""
+        with self._ctrl.deadline(timeout):
+            return self._lag(partition)
+
+    def partitions(
+        self,
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        broker_id: int | None = None,
+        timeout: float | None = None,
+    ) -> list[TopicPartition]:
+        """The partitions of ``topic`` (or only its ``partition``), or those ``broker_id`` leads, from metadata."""
+        return metadata_partitions(self._config, topic=topic, partition=partition, broker_id=broker_id,
+                                   timeout_s=self.timeout_s if timeout is None else timeout)
+
+    def find_hanging_transactions(
+        self,
+        partitions: Iterable[TopicPartition],
+        *,
+        max_transaction_timeout_ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+        timeout: float | None = None,
+    ) -> list[OpenTransaction]:
+        """Open transactions on ``partitions`` older than ``max_transaction_timeout_ms``, each judged hanging or not.
+
+        As ``kafka-transactions.sh find-hanging``: one is *hanging* unless a
+        coordinator has that producer id's transaction open with the partition
+        in it.  Pass ``max_transaction_timeout_ms=0`` to judge every open one.
+        ``timeout`` bounds the whole call; without it each request is bounded
+        by the admin's ``timeout_s`` (a broker may lead thousands of partitions).
+        """
+        with self._ctrl.deadline(timeout) if timeout is not None else contextlib.nullcontext():
+            return find_open_transactions(self._ctrl, partitions, max_transaction_timeout_ms=max_transaction_timeout_ms)
+
+    def abort_partition_transaction(
+        self,
+        partition: TopicPartition,
+        producer_id: int,
+        producer_epoch: int,
+        *,
+        coordinator_epoch: int = -1,
+        timeout: float | None = None,
+    ) -> PartitionLag:
+        """Write the abort marker of a producer's open transaction on one partition (WriteTxnMarkers).
+
+        As ``kafka-transactions.sh abort``: for a *hanging* transaction, which
+        no coordinator will ever end.  Never use it on a prepared two-phase
+        transaction (settle those with :meth:`complete_transaction`).
+        ``coordinator_epoch=-1`` skips the leader's coordinator-epoch check.
+        Returns the partition's offsets afterwards.
+        """
+        with self._ctrl.deadline(timeout):
+            self._ctrl.abort_partition_transaction(
+                partition, producer_id, producer_epoch, coordinator_epoch=coordinator_epoch
+            )
+            logger.warning("aborted the open transaction of producer %d/%d on %s-%d", producer_id, producer_epoch,
+                           partition.topic, partition.partition)
+            return self._lag(partition)
+
+    def topic_names(self, *, timeout: float | None = None) -> list[str]:
+        """The names of every topic in the cluster."""
+        with self._ctrl.deadline(timeout):
+            return self._ctrl.topic_names()
+
+    def max_transaction_timeout_ms(self, *, timeout: float | None = None) -> int | None:
+        """The largest ``transaction.timeout.ms`` a producer can use here (``None`` if the broker does not say).
+
+        The broker's ``transaction.max.timeout.ms``, capped at librdkafka's
+        limit of 2**31 microseconds (above it librdkafka's request timeouts
+        wrap around).
+        """
+        from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
+
+        with self._ctrl.deadline(timeout):
+            limit = self._ctrl.broker_config(["transaction.max.timeout.ms"]).get("transaction.max.timeout.ms")
+        return min(int(limit), LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS) if limit else None
 
     def _info(self, desc: TransactionDescription) -> TransactionInfo:
         now_ms = int(time.time() * 1000)

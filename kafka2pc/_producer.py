@@ -491,7 +491,9 @@ class TwoPhaseCommitProducer:
         aborted the transaction ``state`` names (transaction timeout, operator),
         raises :class:`HeuristicOutcomeError` — never reports success.
         Afterwards the producer has a fresh epoch (older instances are fenced)
-        and accepts new transactions.
+        and accepts new transactions.  Given a ``timeout``, ends within it plus
+        :data:`TIMEOUT_SLACK_S` (an unreachable cluster raises
+        :class:`BrokerUnavailableError` and leaves the transaction as it was).
         """
         if not isinstance(state, PreparedTxnState):
             raise UsageError(f"complete_transaction() takes a PreparedTxnState, not {type(state).__name__}")
@@ -513,22 +515,29 @@ class TwoPhaseCommitProducer:
                             state, self._prepared)
                 self._end_local(commit=False, timeout=timeout)
             return
-        # The settlement itself is bounded by the control plane's own timeouts, not by
-        # ``timeout``: callers (the dual-write recipe) rely on it waiting out a broker
-        # restart; ``timeout`` bounds the re-initialisation that follows.
+        # Given a ``timeout``, the settlement and the re-initialisation that follows share
+        # it.  Without one, the settlement is bounded by the control plane's own timeouts
+        # (the dual-write recipe's recover() relies on it waiting out a broker restart)
+        # and the re-initialisation by DEFAULT_TIMEOUT_S.
+        deadline = None if timeout is None else _deadline_after(timeout)
         try:
-            self._last_settlement = settle(self._ctrl, self._transactional_id, state)
+            if deadline is None:
+                self._last_settlement = settle(self._ctrl, self._transactional_id, state)
+            else:
+                with self._bounded(deadline, "complete_transaction"):
+                    self._last_settlement = settle(self._ctrl, self._transactional_id, state)
         except IndefiniteOutcomeError:
             if source is not TxnState.IN_DOUBT:
                 self._machine.transition_to(TxnState.IN_DOUBT, operation="complete_transaction")
             raise
         except HeuristicOutcomeError:
-            self._reinitialize(_deadline_after(timeout))  # a heuristic outcome is settled: fence and move on
+            # A heuristic outcome is settled: fence and move on.
+            self._reinitialize(_deadline_after(None) if deadline is None else deadline)
             raise
         # Any other error (broker unavailable, authorization...) leaves the transaction
         # as it was: re-initialising now would abort a prepared transaction whose
         # commit was decided.  The caller retries complete_transaction.
-        self._reinitialize(_deadline_after(timeout))
+        self._reinitialize(_deadline_after(None) if deadline is None else deadline)
 
     def close(self, timeout: float = 30.0) -> None:
         """Flush nothing, release the producer and the control plane connections."""

@@ -17,6 +17,7 @@ transaction.  All work from any process: no producer is needed.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from kafka2pc._control import ControlPlane
@@ -34,13 +35,26 @@ from kafka2pc._recovery_policy import (
     Settlement,
     Sleep,
     TransactionOutcome,
+    await_completed,
     plan_policy,
+    resolve_outcomes,
     settle_policy,
     stored_outcome,
 )
 from kafka2pc._state import PreparedTxnState
 
-__all__ = ["Decision", "RecoveryPlan", "Settlement", "TransactionOutcome", "outcome_of", "plan", "run", "settle"]
+__all__ = [
+    "Decision",
+    "RecoveryPlan",
+    "Settlement",
+    "TransactionOutcome",
+    "outcome_of",
+    "outcomes_of_settled",
+    "plan",
+    "run",
+    "settle",
+    "wait_for_markers",
+]
 
 _T = TypeVar("_T")
 
@@ -50,7 +64,10 @@ def _perform(ctrl: ControlPlane, request: Request) -> Any:
     if isinstance(request, Clock):
         return time.monotonic()
     if isinstance(request, Sleep):
-        time.sleep(request.seconds)
+        # Never past the caller's deadline (a ``ControlPlane.deadline`` block): the
+        # next request then raises BrokerUnavailableError in time.
+        with ctrl.deadline(None) as deadline:
+            time.sleep(min(request.seconds, deadline.remaining()))
         return None
     if isinstance(request, DescribeTransaction):
         return ctrl.describe_transaction(request.transactional_id)
@@ -89,6 +106,19 @@ def run(ctrl: ControlPlane, policy: Policy[_T]) -> _T:
 def outcome_of(ctrl: ControlPlane, state: PreparedTxnState) -> TransactionOutcome:
     """What became of the transaction ``state`` names (a read-only probe of its anchor record)."""
     return run(ctrl, stored_outcome(state))
+
+
+def outcomes_of_settled(
+    ctrl: ControlPlane, states: Mapping[str, PreparedTxnState], *, wait_s: float
+) -> dict[str, TransactionOutcome]:
+    """The outcomes of settled transactions, asked again while unknown for up to ``wait_s`` (see
+    :func:`~kafka2pc._recovery_policy.resolve_outcomes`)."""
+    return run(ctrl, resolve_outcomes(states, wait_s))
+
+
+def wait_for_markers(ctrl: ControlPlane, transactional_ids: Sequence[str], timeout_s: float) -> list[str]:
+    """Wait until the markers of the transactions just ended are written; the ids still not done."""
+    return run(ctrl, await_completed(transactional_ids, timeout_s))
 
 
 def plan(

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -61,8 +61,10 @@ __all__ = [
     "Settlement",
     "Sleep",
     "TransactionOutcome",
+    "await_completed",
     "decide",
     "plan_policy",
+    "resolve_outcomes",
     "settle_policy",
     "stored_outcome",
 ]
@@ -75,6 +77,10 @@ TRANSIENT_STATES = frozenset({"PrepareCommit", "PrepareAbort", "PrepareEpochFenc
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 POLL_INTERVAL_S = 0.05
 """Between two looks at a coordinator in a transient state, or at a marker not yet written."""
+MARKER_POLL_INTERVAL_S = 0.005
+"""Between two looks at a coordinator writing the markers of a transaction just ended (milliseconds' work)."""
+OUTCOME_POLL_INTERVAL_S = 0.5
+"""Between two probes of outcomes that are still unknown (a last stable offset held back)."""
 
 
 # -- values ------------------------------------------------------------------------
@@ -246,14 +252,66 @@ def decide(
 # -- policies -------------------------------------------------------------------------
 
 
-def describe_settled(transactional_id: str, timeout_s: float) -> Policy[TransactionDescription | None]:
+def describe_settled(
+    transactional_id: str, timeout_s: float, poll_s: float = POLL_INTERVAL_S
+) -> Policy[TransactionDescription | None]:
     """DescribeTransactions, waiting out the transient PrepareCommit/PrepareAbort states."""
     deadline: float = (yield Clock()) + timeout_s
     while True:
         desc: TransactionDescription | None = yield DescribeTransaction(transactional_id)
         if desc is None or desc.state not in TRANSIENT_STATES or (yield Clock()) > deadline:
             return desc
-        yield Sleep(POLL_INTERVAL_S)
+        yield Sleep(poll_s)
+
+
+def await_completed(transactional_ids: Sequence[str], timeout_s: float) -> Policy[list[str]]:
+    """Wait until the coordinator has written the markers of transactions just ended; the ids still not done.
+
+    EndTxn answers once the decision is logged (``PrepareCommit`` /
+    ``PrepareAbort``); the markers that make the records readable (and let
+    the next ``init_transactions`` of the id through without
+    CONCURRENT_TRANSACTIONS) follow within milliseconds.  One ``timeout_s``
+    for all of them; an id still transient then is returned, not waited for.
+    """
+    deadline: float = (yield Clock()) + timeout_s
+    late: list[str] = []
+    for tid in transactional_ids:
+        left = max(0.0, deadline - (yield Clock()))
+        desc = yield from describe_settled(tid, left, MARKER_POLL_INTERVAL_S)
+        if desc is not None and desc.state in TRANSIENT_STATES:
+            late.append(tid)
+    return late
+
+
+def resolve_outcomes(
+    states: Mapping[str, PreparedTxnState], wait_s: float, poll_s: float = OUTCOME_POLL_INTERVAL_S
+) -> Policy[dict[str, TransactionOutcome]]:
+    """The outcome of each *settled* stored transaction, asked again while it is unknown, for up to ``wait_s``.
+
+    A settled transaction's outcome is unknown while another producer's open
+    transaction holds its partition's last stable offset back (e.g. a stray
+    that is being aborted): asking again once that one ended gives the real
+    answer, and an abort found only then is still a heuristic outcome that
+    must be reported.  Every outcome is asked at least once.  A probe that
+    still answers ``ongoing`` at the end is reported as ``UNKNOWN``: the
+    transaction was settled, so it is the last stable offset that is held back.
+    """
+    deadline: float = (yield Clock()) + wait_s
+    outcomes: dict[str, TransactionOutcome] = {}
+    pending = dict(states)
+    while True:
+        for key, state in list(pending.items()):
+            outcome = yield from stored_outcome(state)
+            outcomes[key] = outcome
+            if outcome not in (TransactionOutcome.ONGOING, TransactionOutcome.UNKNOWN):
+                del pending[key]
+        if not pending or (yield Clock()) >= deadline:
+            break
+        yield Sleep(poll_s)
+    return {
+        key: TransactionOutcome.UNKNOWN if outcome is TransactionOutcome.ONGOING else outcome
+        for key, outcome in outcomes.items()
+    }
 
 
 def open_at(tp: TopicPartition, producer_id: int, offset: int) -> Policy[bool]:

@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, TypeVar
 
 from kafka2pc import (
+    Decision,
     IllegalStateError,
+    OpenTransaction,
+    PartitionLag,
     PreparedTxnState,
+    ProducerState,
     RecoveryPlan,
     Settlement,
+    TopicPartition,
     TransactionAdmin,
+    TransactionDescription,
     TransactionInfo,
     TransactionOutcome,
 )
-from kafka2pc._types import TransactionDescription  # what force_terminate_transaction returns
 from kafka2pc.aio._worker import SerialWorker
 
 __all__ = ["AsyncTransactionAdmin"]
@@ -103,6 +108,76 @@ class AsyncTransactionAdmin:
                 fence=fence, raise_on_heuristic=raise_on_heuristic,
             )
         )
+
+    async def outcome_of(self, state: PreparedTxnState) -> TransactionOutcome:
+        """What became of the (settled) transaction ``state`` names: a read-only probe of its anchor record."""
+        return await self._call(functools.partial(self._sync.outcome_of, state))
+
+    async def outcomes_of_settled(
+        self, states: Mapping[str, PreparedTxnState], *, wait_s: float = 0.0
+    ) -> dict[str, TransactionOutcome]:
+        """The outcome of each settled transaction, asked again while unknown for up to ``wait_s``."""
+        return await self._call(functools.partial(self._sync.outcomes_of_settled, states, wait_s=wait_s))
+
+    async def settle_many(
+        self,
+        states: Mapping[str, PreparedTxnState],
+        *,
+        fence: bool = False,
+        raise_on_heuristic: bool = True,
+        on_settled: Callable[[str, Settlement], None] | None = None,
+        markers_timeout_s: float = 10.0,
+    ) -> dict[str, Settlement]:
+        """Settle each transactional id in ``states``, then wait for the markers.
+
+        As :meth:`kafka2pc.TransactionAdmin.settle_many`; ``on_settled`` is
+        called in the admin's thread, so it must not touch the event loop.
+        """
+        return await self._call(functools.partial(
+            self._sync.settle_many, states, fence=fence, raise_on_heuristic=raise_on_heuristic,
+            on_settled=on_settled, markers_timeout_s=markers_timeout_s,
+        ))
+
+    async def settle_open(
+        self, matching: Callable[[str], bool], states: Mapping[str, PreparedTxnState]
+    ) -> dict[str, Decision]:
+        """Settle every open transaction whose id is ``matching`` (``matching`` runs in the admin's thread)."""
+        return await self._call(functools.partial(self._sync.settle_open, matching, states))
+
+    async def describe_producers(self, partition: TopicPartition) -> list[ProducerState]:
+        """The active producers of ``partition`` (its leader's view)."""
+        return await self._call(functools.partial(self._sync.describe_producers, partition))
+
+    async def partition_lag(self, partition: TopicPartition) -> PartitionLag:
+        """The last stable offset and high watermark of ``partition``."""
+        return await self._call(functools.partial(self._sync.partition_lag, partition))
+
+    async def find_hanging_transactions(
+        self, partitions: Iterable[TopicPartition], *,
+        max_transaction_timeout_ms: int = TransactionAdmin.DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+    ) -> list[OpenTransaction]:
+        """Open transactions on ``partitions`` older than ``max_transaction_timeout_ms``, judged hanging or not."""
+        return await self._call(functools.partial(
+            self._sync.find_hanging_transactions, list(partitions),
+            max_transaction_timeout_ms=max_transaction_timeout_ms,
+        ))
+
+    async def abort_partition_transaction(
+        self, partition: TopicPartition, producer_id: int, producer_epoch: int, *, coordinator_epoch: int = -1
+    ) -> PartitionLag:
+        """Write the abort marker of a *hanging* transaction on one partition; the partition's offsets after."""
+        return await self._call(functools.partial(
+            self._sync.abort_partition_transaction, partition, producer_id, producer_epoch,
+            coordinator_epoch=coordinator_epoch,
+        ))
+
+    async def topic_names(self) -> list[str]:
+        """The names of every topic in the cluster."""
+        return await self._call(self._sync.topic_names)
+
+    async def max_transaction_timeout_ms(self) -> int | None:
+        """The largest ``transaction.timeout.ms`` a producer can use here (``None`` if the broker does not say)."""
+        return await self._call(self._sync.max_transaction_timeout_ms)
 
     async def close(self) -> None:
         """Close the connections and stop the admin's thread (after the calls already queued)."""

@@ -60,7 +60,7 @@ two-phase transaction, so even that case delivers them exactly once.
 See ``docs/dual-write.md`` for the failure analysis and the metrics.
 """
 
-from kafka2pc._extras import missing_extra
+from kafka2pc import missing_extra
 
 try:
     import sqlalchemy  # noqa: F401 - the recipe's one hard dependency, checked up front

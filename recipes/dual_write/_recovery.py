@@ -23,15 +23,24 @@ from ._values import MissingTableError, RecoveryResult, Step, _decode_headers
 if TYPE_CHECKING:
     from kafka2pc import Settlement, TwoPhaseCommitProducer
 
-__all__ = ["Recovering"]
+__all__ = ["Recovering", "seconds_left"]
 
 logger = logging.getLogger("kafka2pc.recipes.dual_write._writer")
+
+
+def seconds_left(deadline: float | None) -> float | None:
+    """The timeout for a Kafka call that must end by ``deadline`` (``None``: no deadline, the call's default).
+
+    Never zero (a timeout must be positive): past the deadline the call fails at once.
+    """
+    return None if deadline is None else max(0.001, deadline - time.monotonic())
 
 
 class Recovering(WriterCore):
     """KIP-939's recovery recipe for one writer (see :meth:`DualWriter.recover`)."""
 
-    def _recover(self, *, raise_on_heuristic: bool, acknowledge: bool) -> RecoveryResult:
+    def _recover(self, *, raise_on_heuristic: bool, acknowledge: bool, deadline: float | None = None) -> RecoveryResult:
+        """Recover; with a ``deadline`` (``time.monotonic()``) every Kafka call ends by it."""
         old, self._producer = self._producer, None
         if old is not None:
             try:
@@ -43,7 +52,7 @@ class Recovering(WriterCore):
         self._token = None
         try:
             try:
-                result, heuristic_error = self._recover_steps(acknowledge)
+                result, heuristic_error = self._recover_steps(acknowledge, deadline)
             except sa.exc.DBAPIError as exc:
                 missing = self._missing_table_error()
                 if missing is None:
@@ -66,7 +75,9 @@ class Recovering(WriterCore):
             raise heuristic_error
         return result
 
-    def _recover_steps(self, acknowledge: bool) -> tuple[RecoveryResult, HeuristicOutcomeError | None]:
+    def _recover_steps(
+        self, acknowledge: bool, deadline: float | None
+    ) -> tuple[RecoveryResult, HeuristicOutcomeError | None]:
         from kafka2pc import TwoPhaseCommitProducer
 
         store = self._store
@@ -82,8 +93,8 @@ class Recovering(WriterCore):
         # 2. Kafka: fence every older producer and settle the stored transaction.
         producer = TwoPhaseCommitProducer(self._config)
         try:
-            self._kafka(lambda: producer.init_transactions(keep_prepared_txn=True))
-            settlement, heuristic_error = self._complete(producer, state)
+            self._kafka(lambda: producer.init_transactions(seconds_left(deadline), keep_prepared_txn=True))
+            settlement, heuristic_error = self._complete(producer, state, deadline)
         except BaseException:
             producer.close()
             raise
@@ -99,7 +110,8 @@ class Recovering(WriterCore):
                 if heuristic_error is not None:
                     self._log_heuristic(conn, state)
                     if self._retain:
-                        republished, stored, token = self._republish(conn, producer, state, stored, token)
+                        republished, stored, token = self._republish(conn, producer, state, stored, token,
+                                                                     deadline)
                         if republished:
                             heuristic_error = None
                     if heuristic_error is not None and acknowledge:
@@ -125,23 +137,25 @@ class Recovering(WriterCore):
         return RecoveryResult(self._tid, state, settlement, republished, acknowledged=acknowledged), heuristic_error
 
     def _complete(
-        self, producer: TwoPhaseCommitProducer, state: PreparedTxnState
+        self, producer: TwoPhaseCommitProducer, state: PreparedTxnState, deadline: float | None
     ) -> tuple[Settlement, HeuristicOutcomeError | None]:
-        from kafka2pc import Settlement, TransactionOutcome
-        from kafka2pc._recovery import plan
+        from kafka2pc import Settlement, TransactionAdmin, TransactionOutcome
 
         for attempt in range(1, self._settle_attempts + 1):
             try:
-                self._kafka(lambda: producer.complete_transaction(state))
+                self._kafka(lambda: producer.complete_transaction(state, seconds_left(deadline)))
             except HeuristicOutcomeError as exc:
                 self._heuristics += 1
-                return Settlement(plan(producer.control_plane, self._tid, state), TransactionOutcome.ABORTED), exc
+                admin = TransactionAdmin(self._config, control_plane=producer.control_plane)
+                plan = admin.plan_recovery(self._tid, state, timeout=seconds_left(deadline))
+                return Settlement(plan, TransactionOutcome.ABORTED), exc
             except IndefiniteOutcomeError:
-                if attempt == self._settle_attempts:
+                pause = min(0.2 * 2**attempt, 5.0)
+                if attempt == self._settle_attempts or (deadline is not None and time.monotonic() + pause > deadline):
                     raise
                 logger.warning("%s: completing %s: outcome unknown, retrying (%d/%d)",
                                self._tid, state, attempt, self._settle_attempts)
-                time.sleep(min(0.2 * 2**attempt, 5.0))
+                time.sleep(pause)
                 continue
             settled = producer.last_settlement
             if settled is None:
@@ -183,7 +197,7 @@ class Recovering(WriterCore):
 
     def _republish(
         self, conn: sa.Connection, producer: TwoPhaseCommitProducer, state: PreparedTxnState,
-        stored: str | None, token: str,
+        stored: str | None, token: str, deadline: float | None,
     ) -> tuple[int, str | None, str]:
         """Re-publish the records retained for ``state`` as a new two-phase transaction on ``conn``.
 
@@ -211,7 +225,8 @@ class Recovering(WriterCore):
                 kwargs["headers"] = headers
             self._produce(producer, row.topic, kwargs)
         self._step(Step.BODY_DONE)
-        new_state = self._kafka(lambda: producer.prepare_transaction(self._kafka_timeout_s))
+        timeout = self._kafka_timeout_s if deadline is None else seconds_left(deadline)
+        new_state = self._kafka(lambda: producer.prepare_transaction(timeout))
         self._step(Step.PREPARED)
         conn.execute(sa.update(outbox).where(where).values(prepared_txn_state=str(new_state)))
         token = self._store.store(conn, self._tid, str(new_state), token, stored)
@@ -221,7 +236,8 @@ class Recovering(WriterCore):
         self._last_state, self._token = str(new_state), token
         self._outbox_dirty = True
         self._step(Step.DB_COMMITTED)
-        self._kafka(lambda: producer.commit_transaction(self._kafka_timeout_s))
+        timeout = self._kafka_timeout_s if deadline is None else seconds_left(deadline)
+        self._kafka(lambda: producer.commit_transaction(timeout))
         self._step(Step.KAFKA_COMMITTED)
         self._republished += len(rows)
         logger.warning("%s: re-published %d retained records of %s as %s", self._tid, len(rows), state, new_state)

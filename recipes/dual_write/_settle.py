@@ -19,7 +19,7 @@ from kafka2pc import (
 
 from ._bind import Bound
 from ._lifecycle import WriterState
-from ._recovery import Recovering
+from ._recovery import Recovering, seconds_left
 
 if TYPE_CHECKING:
     from kafka2pc import TwoPhaseCommitProducer
@@ -66,28 +66,40 @@ class Settling(Recovering):
         if committed:
             self._last_state = stored
             self._outbox_dirty = self._retain
+        deadline = self._kafka_deadline()
         try:
-            self._kafka(lambda: producer.complete_transaction(self._parse(stored)))
+            self._kafka(lambda: producer.complete_transaction(self._parse(stored), seconds_left(deadline)))
         except Kafka2pcError as exc:
             if committed:
-                self._after_kafka_commit_failure(producer, state, exc)
+                self._after_kafka_commit_failure(producer, state, exc, deadline)
             else:
                 logger.warning("%s: abort after a rolled-back COMMIT failed (%s)", self._tid, exc)
         return committed
 
+    def _kafka_deadline(self) -> float | None:
+        """When the Kafka commit starting now, and any settlement after it, must end (``kafka_timeout_s``)."""
+        return None if self._kafka_timeout_s is None else time.monotonic() + self._kafka_timeout_s
+
     def _after_kafka_commit_failure(
-        self, producer: TwoPhaseCommitProducer, state: PreparedTxnState, cause: Kafka2pcError
+        self, producer: TwoPhaseCommitProducer, state: PreparedTxnState, cause: Kafka2pcError,
+        deadline: float | None = None,
     ) -> None:
-        """The database committed ``state`` but Kafka's commit failed: settle, never guess."""
+        """The database committed ``state`` but Kafka's commit failed: settle, never guess.
+
+        With a ``deadline`` (``kafka_timeout_s`` after the Kafka commit began)
+        the settlement ends by it; what it cannot settle in time stays in
+        doubt, prepared in Kafka and committed in the database, for the next
+        recovery to commit.
+        """
         self._in_doubt, self._in_doubt_since = state, time.monotonic()
         if isinstance(cause, ProducerFencedError) or self._taken_over_now():
             # Another instance recovered this id: it read our state from the database and
             # settled our transaction.  Only look (recovering would fence it in turn).
-            from kafka2pc import TransactionOutcome
-            from kafka2pc._recovery import outcome_of
+            from kafka2pc import TransactionAdmin, TransactionOutcome
 
             self._to(WriterState.FENCED)
-            outcome = outcome_of(producer.control_plane, state)
+            admin = TransactionAdmin(self._config, control_plane=producer.control_plane)
+            outcome = admin.outcome_of(state, timeout=seconds_left(deadline))
             if outcome is TransactionOutcome.COMMITTED:
                 logger.warning("%s: fenced during commit; the new owner committed %s", self._tid, state)
                 self._in_doubt = self._in_doubt_since = None
@@ -102,14 +114,27 @@ class Settling(Recovering):
             raise IndefiniteOutcomeError(
                 f"{self._tid!r}: fenced while committing {state}; its outcome is {outcome.value}", state=state
             ) from cause
+        if deadline is not None and time.monotonic() >= deadline:
+            if self._status is not WriterState.NEEDS_RECOVERY:
+                self._to(WriterState.NEEDS_RECOVERY)
+            logger.warning("%s: Kafka commit of %s failed (%s) and kafka_timeout_s=%g is spent: left in doubt",
+                           self._tid, state, cause, self._kafka_timeout_s)
+            raise IndefiniteOutcomeError(self._in_doubt_message(state, cause, None), state=state) from cause
         logger.warning("%s: Kafka commit of %s failed (%s): settling through recovery", self._tid, state, cause)
         try:
-            self._recover(raise_on_heuristic=True, acknowledge=False)
+            self._recover(raise_on_heuristic=True, acknowledge=False, deadline=deadline)
         except HeuristicOutcomeError:
             raise
         except Kafka2pcError as exc:
-            raise IndefiniteOutcomeError(
-                f"{self._tid!r}: the database committed {state} but the Kafka commit failed ({cause}) and could not "
-                f"be settled yet ({exc}); recover() commits it later: do not redo the transaction",
-                state=state,
-            ) from exc
+            raise IndefiniteOutcomeError(self._in_doubt_message(state, cause, exc), state=state) from exc
+
+    def _in_doubt_message(self, state: PreparedTxnState, cause: Kafka2pcError, settling: Kafka2pcError | None) -> str:
+        within = f" within kafka_timeout_s={self._kafka_timeout_s:g} s" if self._kafka_timeout_s is not None else ""
+        tried = (f" and could not be settled{within} ({settling})" if settling is not None
+                 else f", and no time was left{within} to settle it")
+        return (
+            f"{self._tid!r}: the database committed {state} but the Kafka commit failed ({cause}){tried}. The "
+            "transaction is not lost: it stays in doubt (prepared in Kafka, committed in the database) and "
+            "recover() -- or this writer's next transaction, which recovers first -- commits it: do not redo "
+            "the transaction"
+        )

@@ -386,10 +386,11 @@ class DualWriter(Settling):
         self._last_state = str(state)
         self._outbox_dirty = self._retain or (self._outbox_dirty and not cleaned)
         self._step(Step.DB_COMMITTED)
+        deadline = self._kafka_deadline()  # the commit and any settlement after it end by then
         try:
             self._kafka(lambda: producer.commit_transaction(self._kafka_timeout_s))
         except Kafka2pcError as exc:
-            self._after_kafka_commit_failure(producer, state, exc)
+            self._after_kafka_commit_failure(producer, state, exc, deadline)
         else:
             self._to(WriterState.READY)
         self._committed += 1

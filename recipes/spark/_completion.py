@@ -1,23 +1,21 @@
 """Completing a decision through the transaction coordinator, sweeping strays, and the repair check.
 
-Driver side, no Spark: the functions here talk to the coordinator through a
-:class:`~kafka2pc._control.ControlPlane` for one sink's transactional ids.
-:func:`repair_mismatch` is pure: it compares what a decision recorded with a
-replay of the batch.
+Driver side, no Spark: the functions here settle one sink's transactional ids
+through :class:`kafka2pc.TransactionAdmin`, the core's recovery facade (it
+waits out the markers and asks again for unknown outcomes; none of that
+policy is repeated here).  :func:`repair_mismatch` is pure: it compares what
+a decision recorded with a replay of the batch.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from kafka2pc import Decision, Kafka2pcError, TransactionOutcome
-from kafka2pc._control import ControlPlane
-from kafka2pc._recovery import outcome_of, settle
+from kafka2pc import Decision, Kafka2pcError, Settlement, TransactionAdmin, TransactionOutcome
 
 from ._values import (
     PartitionResult,
@@ -31,6 +29,9 @@ from ._values import (
 
 logger = logging.getLogger("kafka2pc.recipes.spark_sink")
 
+_UNKNOWN_OUTCOME_WAIT_S: Final = 60.0
+"""How long a decided transaction's unknown outcome is asked again before the batch fails."""
+
 
 @dataclass
 class Completion:
@@ -43,70 +44,47 @@ class Completion:
 
 
 def complete(
-    ctrl: ControlPlane, transactional_id_base: str, decision: SinkDecision, after_first: Callable[[], None]
+    admin: TransactionAdmin, transactional_id_base: str, decision: SinkDecision, after_first: Callable[[], None]
 ) -> Completion:
     """Commit every transaction the decision names; abort every other open one of the sink."""
     result = Completion()
-    unknown: list[SinkTransaction] = []
-    ended: list[str] = []
-    for i, txn in enumerate(decision.transactions):
-        settlement = settle(ctrl, txn.transactional_id, txn.prepared_state, raise_on_heuristic=False)
-        if settlement.plan.decision is not Decision.NOTHING:
-            ended.append(txn.transactional_id)
+    by_tid = decision.by_transactional_id()
+    unknown: dict[str, SinkTransaction] = {}
+    first = [True]
+
+    def settled(tid: str, settlement: Settlement) -> None:
+        txn = by_tid[tid]
         if settlement.outcome is TransactionOutcome.COMMITTED:
             result.committed += 1
         elif settlement.outcome is TransactionOutcome.ABORTED:
             result.aborted.append(txn.partition)
         elif settlement.outcome is not TransactionOutcome.NONE:
-            unknown.append(txn)
-        if i == 0:
+            unknown[tid] = txn
+        if first[0]:
+            first[0] = False
             after_first()
-    await_markers(ctrl, ended)
-    result.strays_aborted = settle_open(ctrl, transactional_id_base, decision.by_transactional_id())
-    deadline = time.monotonic() + 60
-    while unknown:
-        # The last stable offset was held back (e.g. by a stray we just aborted): ask again.
-        pending = []
-        for txn in unknown:
-            outcome = outcome_of(ctrl, txn.prepared_state)
-            if outcome is TransactionOutcome.COMMITTED:
+
+    admin.settle_many({t.transactional_id: t.prepared_state for t in decision.transactions},
+                      raise_on_heuristic=False, on_settled=settled)
+    result.strays_aborted = settle_open(admin, transactional_id_base, by_tid)
+    if unknown:
+        # The last stable offset was held back (e.g. by a stray just aborted): ask again.
+        outcomes = admin.outcomes_of_settled({tid: t.prepared_state for tid, t in unknown.items()},
+                                             wait_s=_UNKNOWN_OUTCOME_WAIT_S)
+        still = []
+        for tid, txn in unknown.items():
+            if outcomes[tid] is TransactionOutcome.COMMITTED:
                 result.committed += 1
-            elif outcome is TransactionOutcome.ABORTED:
+            elif outcomes[tid] is TransactionOutcome.ABORTED:
                 result.aborted.append(txn.partition)
             else:
-                pending.append(txn)
-        unknown = pending
-        if unknown and time.monotonic() > deadline:
-            raise SinkCompletionError(
-                f"batch {decision.batch_id}: the outcome of {[t.state for t in unknown]} stays unknown"
-            )
-        if unknown:
-            time.sleep(0.5)
+                still.append(txn.state)
+        if still:
+            raise SinkCompletionError(f"batch {decision.batch_id}: the outcome of {still} stays unknown")
     return result
 
 
-def await_markers(ctrl: ControlPlane, transactional_ids: Iterable[str], timeout_s: float = 10.0) -> None:
-    """Wait until the coordinator has written the commit markers of what we just ended.
-
-    EndTxn answers once the decision is logged (``PrepareCommit``); the
-    markers that make the records readable follow.  Waiting here makes
-    ``time_to_visibility_s`` honest, and it spares the next batch's tasks:
-    an ``init_transactions`` that arrives during ``PrepareCommit`` gets
-    CONCURRENT_TRANSACTIONS, and librdkafka retries only after about 0.5 s.
-    """
-    deadline = time.monotonic() + timeout_s
-    for tid in transactional_ids:
-        while True:
-            desc = ctrl.describe_transaction(tid)
-            if desc is None or desc.state not in ("PrepareCommit", "PrepareAbort"):
-                break
-            if time.monotonic() > deadline:
-                logger.warning("%s still %s after %.0fs", tid, desc.state, timeout_s)
-                break
-            time.sleep(0.005)
-
-
-def settle_open(ctrl: ControlPlane, transactional_id_base: str, named: Mapping[str, SinkTransaction]) -> int:
+def settle_open(admin: TransactionAdmin, transactional_id_base: str, named: Mapping[str, SinkTransaction]) -> int:
     """Settle every open transaction under the sink's ids: commit it if ``named`` names it, else abort it.
 
     A transaction no decision names (a crashed run's, a zombie attempt's, a
@@ -115,27 +93,10 @@ def settle_open(ctrl: ControlPlane, transactional_id_base: str, named: Mapping[s
     producer still running.  Returns how many transactions were aborted.
     """
     pattern = re.compile(re.escape(transactional_id_base) + r"-(\d+)")
-    aborted = 0
-    for listing in ctrl.list_transactions(states=["Ongoing"]):
-        tid = listing.transactional_id
-        if not pattern.fullmatch(tid):
-            continue
-        txn = named.get(tid)
-        if txn is not None:
-            settlement = settle(ctrl, tid, txn.prepared_state, raise_on_heuristic=False)
-            logger.info("settled open transaction of %s: %s (%s)", tid, settlement.plan.decision.value,
-                        settlement.plan.reason)
-            if settlement.plan.decision is Decision.ABORT:
-                aborted += 1
-            continue
-        desc = ctrl.describe_transaction(tid)
-        if desc is None or desc.state != "Ongoing":
-            continue
-        ctrl.fence(tid, desc)
-        aborted += 1
-        logger.info("aborted and fenced the undecided transaction of %s (producer %d, epoch %d)",
-                    tid, desc.producer_id, desc.producer_epoch)
-    return aborted
+    decisions = admin.settle_open(
+        lambda tid: pattern.fullmatch(tid) is not None, {tid: t.prepared_state for tid, t in named.items()}
+    )
+    return sum(decision is Decision.ABORT for decision in decisions.values())
 
 
 def repair_mismatch(

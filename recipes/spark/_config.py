@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kafka2pc import UsageError
-from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -39,13 +38,14 @@ def batch_columns(df: DataFrame, topic: str | None) -> tuple[str, ...]:
     return tuple(columns)
 
 
-def default_transaction_timeout_ms(broker_max: str | None) -> int:
-    """The broker's ``transaction.max.timeout.ms`` within librdkafka's limit (15 min if unknown).
+def default_transaction_timeout_ms(limit_ms: int | None) -> int:
+    """The largest transaction timeout the cluster allows a producer, 15 min if unknown.
 
-    Above 2**31 µs librdkafka's request deadlines wrap around (see
-    ``LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS``).
+    ``limit_ms`` is :meth:`kafka2pc.TransactionAdmin.max_transaction_timeout_ms`:
+    the broker's ``transaction.max.timeout.ms`` within librdkafka's limit
+    (above 2**31 µs librdkafka's request deadlines wrap around).
     """
-    return min(int(broker_max), LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS) if broker_max else 900_000
+    return limit_ms if limit_ms else 900_000
 
 
 def executor_config(config: Mapping[str, Any], txn_timeout_ms: int | None) -> dict[str, Any]:

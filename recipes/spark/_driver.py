@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
-from kafka2pc import UsageError
-from kafka2pc._control import ControlPlane
+from kafka2pc import TransactionAdmin, UsageError
 
 from ._completion import (
     Completion,
@@ -143,7 +142,7 @@ class KafkaTwoPhaseSink:
         self._task_hook = faults
         self._on_step = on_step
         self._metrics: deque[BatchMetrics] = deque(maxlen=max(1, metrics_history))
-        self._ctrl: ControlPlane | None = None
+        self._admin: TransactionAdmin | None = None
         self._txn_timeout_ms: int | None = None
         self._topic_checked = False
         self._bindings: dict[str, _Binding] = {}
@@ -210,9 +209,9 @@ class KafkaTwoPhaseSink:
 
     def close(self) -> None:
         """Close the driver's coordinator connections."""
-        if self._ctrl is not None:
-            self._ctrl.close()
-            self._ctrl = None
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
 
     # -- one batch -------------------------------------------------------------------
     def _run_batch(self, b: _Binding, df: DataFrame, batch_id: int) -> None:
@@ -312,14 +311,14 @@ class KafkaTwoPhaseSink:
         if named is None:
             latest = b.store.latest()
             named = latest.by_transactional_id() if latest is not None else {}
-        ctrl = self._control_plane()
-        aborted = settle_open(ctrl, b.transactional_id_base, named)
+        admin = self._transaction_admin()
+        aborted = settle_open(admin, b.transactional_id_base, named)
         # A task Spark had launched before the job failed may still open its
         # transaction after the first sweep (the sweep fences every producer
         # it finds, not one that starts later); Spark kills such tasks' Python
         # workers within spark.python.task.killTimeout (2 s): sweep once more.
         time.sleep(_SECOND_SWEEP_S)
-        aborted += settle_open(ctrl, b.transactional_id_base, named)
+        aborted += settle_open(admin, b.transactional_id_base, named)
         logger.warning("batch %d failed before its decision: aborted %d prepared transactions", batch_id, aborted)
         return aborted
 
@@ -328,10 +327,10 @@ class KafkaTwoPhaseSink:
     ) -> tuple[SinkDecision, Completion, list[int]]:
         repaired: list[int] = []
         total = Completion()
-        ctrl = self._control_plane()
+        admin = self._transaction_admin()
         batch_id = decision.batch_id
         for round_ in range(self._max_repairs + 1):
-            completion = complete(ctrl, b.transactional_id_base, decision,
+            completion = complete(admin, b.transactional_id_base, decision,
                                   lambda: self._step(SinkStep.MID_COMPLETION, batch_id))
             total.committed += completion.committed
             total.strays_aborted += completion.strays_aborted
@@ -368,7 +367,7 @@ class KafkaTwoPhaseSink:
         )
         problem = repair_mismatch(decision.transactions, replay, whole)
         if problem is not None:
-            settle_open(self._control_plane(), b.transactional_id_base, named)  # what the replay prepared
+            settle_open(self._transaction_admin(), b.transactional_id_base, named)  # what the replay prepared
             raise SinkRepairError(repair_refusal(decision, lost, problem, b.store.location))
         written = {r.partition: r for r in replay if r.written}
         if whole:
@@ -391,14 +390,14 @@ class KafkaTwoPhaseSink:
     def _settle_leftovers(self, b: _Binding) -> int:
         """Before writing anything: commit what the last decision names, abort every other open transaction."""
         latest = b.store.latest()
-        return settle_open(self._control_plane(), b.transactional_id_base,
+        return settle_open(self._transaction_admin(), b.transactional_id_base,
                            latest.by_transactional_id() if latest is not None else {})
 
     def _check_topic_option(self) -> None:
         """Fail fast, naming it, if the ``topic`` option names a topic the cluster does not have."""
         if self._topic is None or self._topic_checked:
             return
-        if self._topic not in self._control_plane().topic_names():
+        if self._topic not in self._transaction_admin().topic_names():
             raise UnknownTopicError(f"topic {self._topic!r} (the sink's topic option) does not exist")
         self._topic_checked = True
 
@@ -469,17 +468,15 @@ class KafkaTwoPhaseSink:
         if (self._txn_timeout_ms is None and "transaction.timeout.ms" not in self._config
                 and "transaction.two.phase.commit.enable" not in self._config):
             # A benign race between concurrent queries: both ask, same answer.
-            limit = self._control_plane().broker_config(["transaction.max.timeout.ms"]).get(
-                "transaction.max.timeout.ms"
-            )
+            limit = self._transaction_admin().max_transaction_timeout_ms()
             self._txn_timeout_ms = default_transaction_timeout_ms(limit)
         return executor_config(self._config, self._txn_timeout_ms)
 
-    def _control_plane(self) -> ControlPlane:
+    def _transaction_admin(self) -> TransactionAdmin:
         with self._lock:
-            if self._ctrl is None:
-                self._ctrl = ControlPlane(self._config)
-            return self._ctrl
+            if self._admin is None:
+                self._admin = TransactionAdmin(self._config)
+            return self._admin
 
     def _purge(self, b: _Binding, batch_id: int) -> None:
         try:

@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kafka2pc import QueueFullError, TwoPhaseCommitProducer, UsageError
-from kafka2pc._control import ControlPlane
+from kafka2pc import QueueFullError, TransactionAdmin, TwoPhaseCommitProducer, UsageError
 
 from ._values import PartitionResult, UnknownTopicError, combine_fingerprints
 
@@ -58,11 +57,11 @@ An exception it raises fails the task attempt (Spark retries it).
 """
 
 
-_control_planes: dict[tuple[tuple[str, str], ...], ControlPlane] = {}
-_control_planes_lock = threading.Lock()
+_admins: dict[tuple[tuple[str, str], ...], TransactionAdmin] = {}
+_admins_lock = threading.Lock()
 
 
-def _shared_control_plane(config: Mapping[str, Any]) -> ControlPlane:
+def _shared_admin(config: Mapping[str, Any]) -> TransactionAdmin:
     """One coordinator connection per Python worker and cluster, reused by its tasks.
 
     PySpark reuses worker processes across tasks, so this saves a metadata
@@ -70,11 +69,11 @@ def _shared_control_plane(config: Mapping[str, Any]) -> ControlPlane:
     (its ``init_transactions`` is what fences other attempts).
     """
     key = tuple(sorted((k, str(v)) for k, v in config.items() if k != "transactional.id"))
-    with _control_planes_lock:
-        ctrl = _control_planes.get(key)
-        if ctrl is None:
-            ctrl = _control_planes[key] = ControlPlane(dict(key))
-        return ctrl
+    with _admins_lock:
+        admin = _admins.get(key)
+        if admin is None:
+            admin = _admins[key] = TransactionAdmin(dict(key))
+        return admin
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ def open_producer(spec: WriterSpec, partition: int) -> TwoPhaseCommitProducer:
     """A producer under partition ``partition``'s id with a begun transaction (fences every other attempt)."""
     config = dict(spec.producer_config)
     config["transactional.id"] = spec.transactional_id(partition)
-    producer = TwoPhaseCommitProducer(config, control_plane=_shared_control_plane(config))
+    producer = TwoPhaseCommitProducer(config, control_plane=_shared_admin(config).control_plane)
     producer.init_transactions()  # fences every other attempt using this id; aborts what it left open
     producer.begin_transaction()
     return producer
@@ -136,7 +135,7 @@ def require_topics(spec: WriterSpec, topics: Iterable[str | None]) -> None:
     missing = {t for t in topics if t is not None and (cluster, t) not in _known_topics}
     if not missing:
         return
-    existing = set(_shared_control_plane(spec.producer_config).topic_names())
+    existing = set(_shared_admin(spec.producer_config).topic_names())
     _known_topics.update((cluster, t) for t in existing)
     for topic in sorted(missing):
         if topic not in existing:

@@ -159,6 +159,25 @@ def test_transaction_admin_against_unreachable_bootstrap(unreachable: dict[str, 
         bounded(2.0, lambda: admin.transaction_outcome("tx", state, timeout=2), BrokerUnavailableError)
 
 
+def test_transaction_admin_facade_methods_against_unreachable_bootstrap(unreachable: dict[str, str]) -> None:
+    """The methods the recipes and the CLI use: each ends within its timeout (per transaction where
+    it settles several, plus ``wait_s`` where it asks again)."""
+    state = PreparedTxnState("k2pc1:7:0:1b5b9ccb:0:5:t")  # anchored on t-0@5, id "tx"
+    tp = TopicPartition("t", 0)
+    with TransactionAdmin(unreachable) as admin:
+        bounded(1.0, lambda: admin.outcome_of(state, timeout=1), BrokerUnavailableError)
+        bounded(1.5, lambda: admin.outcomes_of_settled({"tx": state}, wait_s=0.5, timeout=1), BrokerUnavailableError)
+        bounded(1.0, lambda: admin.settle_many({"tx": state}, timeout=1), BrokerUnavailableError)
+        bounded(1.0, lambda: admin.settle_open(lambda tid: True, {}, timeout=1), BrokerUnavailableError)
+        bounded(1.0, lambda: admin.describe_producers(tp, timeout=1), BrokerUnavailableError)
+        bounded(1.0, lambda: admin.partition_lag(tp, timeout=1), BrokerUnavailableError)
+        bounded(1.0, lambda: admin.find_hanging_transactions([tp], timeout=1), BrokerUnavailableError)
+        bounded(1.0, lambda: admin.abort_partition_transaction(tp, 7, 0, timeout=1), BrokerUnavailableError)
+        bounded(1.0, lambda: admin.topic_names(timeout=1), BrokerUnavailableError)
+        bounded(1.0, lambda: admin.max_transaction_timeout_ms(timeout=1), BrokerUnavailableError)
+        bounded(1.0, lambda: admin.partitions(topic="t", timeout=1), KafkaTransactionError)
+
+
 # -- a broker that stops answering, or dies, after the client connected ---------------
 
 

@@ -104,3 +104,32 @@ def test_commit_with_the_broker_stopped_ends_within_its_timeout(started: LocalKa
     assert elapsed <= TIMEOUT + TIMEOUT_SLACK_S, elapsed
     assert producer.state is TxnState.IN_DOUBT
     producer.close(0)
+
+
+def test_complete_transaction_in_recovery_with_the_broker_stopped_ends_within_its_timeout(
+    started: LocalKafka,
+) -> None:
+    """A restarted process settling a stored state while the broker is down: the settlement and the
+    re-initialisation share the caller's ``timeout``; the prepared transaction is left as it was."""
+    producer, topic = _producer(started)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"x")
+    state = producer.prepare_transaction(30)
+    producer.close(0)
+    restarted = TwoPhaseCommitProducer(
+        {"bootstrap.servers": started.bootstrap_servers, "transactional.id": producer.transactional_id}
+    )
+    restarted.init_transactions(30, keep_prepared_txn=True)
+    started.stop(kill=True)
+    start = time.monotonic()
+    with pytest.raises((BrokerUnavailableError, IndefiniteOutcomeError)):
+        restarted.complete_transaction(state, TIMEOUT)
+    elapsed = time.monotonic() - start
+    print(f"time-to-error {elapsed:.2f}s")  # reported with -s
+    assert elapsed <= TIMEOUT + TIMEOUT_SLACK_S, elapsed
+    assert restarted.state in (TxnState.RECOVERING, TxnState.IN_DOUBT)  # nothing decided: call it again
+    started.start()
+    restarted.complete_transaction(state, 60)
+    assert restarted.last_settlement is not None
+    assert restarted.last_settlement.outcome.value == "committed"
+    restarted.close(0)

@@ -3,8 +3,11 @@
 The broker is stopped from the ``on_step`` hook right before the prepare
 (flush) or right after the database commit, and started again from another
 thread while the recipe waits.  Whatever the recipe then does (wait and
-succeed, fail and roll back, or settle through recovery), the database and
-the ``read_committed`` view of the topic must agree and nothing may hang.
+succeed, fail and roll back, or leave the transaction in doubt for the next
+recovery), the database and the ``read_committed`` view of the topic must
+agree and nothing may hang.  With ``kafka_timeout_s`` the transaction's exit
+ends within that bound plus :data:`BOUND_SLACK_S`, also when the broker goes
+down after the database commit.
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 from _dw_crash import check_consistency, items_table
-from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
+from kafka2pc.recipes.dual_write import DualWriter, Step, WriterState, state_table
 
-from kafka2pc import Kafka2pcError
+from kafka2pc import IndefiniteOutcomeError, Kafka2pcError, PreparedTxnState, TransactionOutcome
 from kafka2pc.testing import create_topic
 from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
+
+BOUND_SLACK_S = 2.0
+"""What a transaction's exit may overrun ``kafka_timeout_s`` by (docs/dual-write.md): the producer's
+``TIMEOUT_SLACK_S`` (1 s) plus the database round trips of the failure path."""
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +84,8 @@ def test_broker_restart_during_prepare_or_commit_keeps_both_sides_equal(
     db_kind: str,
 ) -> None:
     """Without a timeout librdkafka waits the restart out; with ``kafka_timeout_s=1`` a prepare that
-    times out rolls back, and a commit that times out is settled through recovery."""
+    times out rolls back, and a commit that times out is left in doubt within the bound: the next
+    transaction recovers first and commits it."""
     db_url = str(request.getfixturevalue("pg_url" if db_kind == "postgresql" else "sqlite_url"))
     bootstrap = own_kafka.bootstrap_servers
     topic = create_topic(bootstrap, partitions=2)
@@ -90,10 +98,12 @@ def test_broker_restart_during_prepare_or_commit_keeps_both_sides_equal(
     restarted = threading.Event()
     restarter: list[threading.Thread] = []
     armed = False
+    stopped_at: list[float] = []
 
     def restart_broker(step: Step) -> None:
         if step is stop_at and not restarter:
             own_kafka.stop_node(1)
+            stopped_at.append(time.monotonic())
 
             def start_again() -> None:
                 time.sleep(1.0)
@@ -132,7 +142,12 @@ def test_broker_restart_during_prepare_or_commit_keeps_both_sides_equal(
         one("across-restart")
     except Kafka2pcError as exc:  # allowed before the database commit: both sides rolled back
         outcome = f"rolled back ({type(exc).__name__})"
-        assert stop_at is Step.BODY_DONE, f"after the database commit the recipe must settle, not fail: {exc!r}"
+        if stop_at is Step.DB_COMMITTED:
+            # Only within a bound: the commit is left in doubt, never lost (checked below).
+            assert kafka_timeout_s is not None, f"without a timeout the recipe must settle, not fail: {exc!r}"
+            assert isinstance(exc, IndefiniteOutcomeError) and "not lost" in str(exc), repr(exc)
+            assert time.monotonic() - stopped_at[0] <= kafka_timeout_s + BOUND_SLACK_S
+            outcome = "left in doubt (IndefiniteOutcomeError)"
     took = time.monotonic() - started
     armed = False
     assert restarted.wait(120)
@@ -145,5 +160,75 @@ def test_broker_restart_during_prepare_or_commit_keeps_both_sides_equal(
     assert rows == records and rows in (8, 12)
     if stop_at is Step.DB_COMMITTED:
         assert rows == 12  # the database committed: Kafka must have, too
+    writer.close()
+    engine.dispose()
+
+
+@pytest.mark.parametrize("db_kind", ["sqlite", "postgresql"])
+def test_broker_down_after_the_database_commit_ends_within_kafka_timeout(
+    own_kafka: LocalKafka, request: pytest.FixtureRequest, db_kind: str
+) -> None:
+    """``kafka_timeout_s`` bounds the whole exit of ``with writer.transaction(...)`` when the broker dies
+    after the database commit: the transaction stays in doubt (committed in the database, prepared in
+    Kafka), the error says so, and ``recover()`` commits it once the broker is back."""
+    kafka_timeout_s = 3.0
+    db_url = str(request.getfixturevalue("pg_url" if db_kind == "postgresql" else "sqlite_url"))
+    bootstrap = own_kafka.bootstrap_servers
+    topic = create_topic(bootstrap, partitions=2)
+    series = uuid.uuid4().hex[:10]
+    engine = sa.create_engine(db_url)
+    metadata = sa.MetaData()
+    items = items_table(metadata)
+    states = state_table(metadata)
+    metadata.create_all(engine)
+    stopped_at: list[float] = []
+    armed = False
+
+    def stop_broker(step: Step) -> None:
+        if armed and step is Step.DB_COMMITTED and not stopped_at:
+            own_kafka.stop_node(1, kill=True)
+            stopped_at.append(time.monotonic())
+
+    tid = f"dw-bound-{series}"
+    writer = DualWriter(
+        engine, {"bootstrap.servers": bootstrap, "transactional.id": tid, "reconnect.backoff.max.ms": 500},
+        state_table=state_table(sa.MetaData()), kafka_timeout_s=kafka_timeout_s, on_step=stop_broker,
+    )
+    writer.recover()
+
+    def one(rid: str) -> None:
+        with engine.connect() as conn, writer.transaction(conn) as tx:
+            for i in range(4):
+                full = f"{series}:{rid}-{i}"
+                conn.execute(items.insert().values(id=full, series=series))
+                tx.produce(topic, value=full.encode(), key=full.encode())
+
+    one("before")
+    armed = True
+    try:
+        with pytest.raises(IndefiniteOutcomeError) as info:
+            one("broker-down")
+        took = time.monotonic() - stopped_at[0]
+    finally:
+        armed = False
+        own_kafka.start_node(1)
+    print(f"\nbroker killed after the database commit ({engine.dialect.name}, kafka_timeout_s={kafka_timeout_s:g}): "
+          f"IndefiniteOutcomeError after {took:.2f} s: {info.value}")
+    assert took <= kafka_timeout_s + BOUND_SLACK_S, f"took {took:.2f} s for kafka_timeout_s={kafka_timeout_s}"
+    message = str(info.value)
+    assert "not lost" in message and "recover()" in message and "do not redo" in message, message
+    in_doubt = info.value.state
+    assert isinstance(in_doubt, PreparedTxnState) and not in_doubt.is_empty
+    assert writer.status is WriterState.NEEDS_RECOVERY
+    assert writer.metrics().in_doubt_transactions == 1
+    with engine.connect() as conn:  # the database committed it: its state is the one stored
+        stored = conn.execute(sa.select(states.c.prepared_txn_state).where(states.c.transactional_id == tid))
+        assert stored.scalar_one() == str(in_doubt)
+    result = writer.recover()
+    assert result.settlement is not None and result.settlement.outcome is TransactionOutcome.COMMITTED, result
+    assert writer.metrics().in_doubt_transactions == 0
+    rows, records, problems = check_consistency(engine, bootstrap, topic, series)
+    assert not problems, problems
+    assert rows == records == 8
     writer.close()
     engine.dispose()

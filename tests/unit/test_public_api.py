@@ -25,14 +25,18 @@ EXPECTED = [
     "InvalidPreparedStateError",
     "Kafka2pcError",
     "KafkaTransactionError",
+    "OpenTransaction",
+    "PartitionLag",
     "PreparedTxnState",
     "ProducerFencedError",
+    "ProducerState",
     "QueueFullError",
     "RecoveryPlan",
     "RetriableError",
     "Settlement",
     "TopicPartition",
     "TransactionAdmin",
+    "TransactionDescription",
     "TransactionInfo",
     "TransactionOutcome",
     "TransactionalIdMismatchError",
@@ -41,6 +45,7 @@ EXPECTED = [
     "UnsupportedBrokerError",
     "UsageError",
     "__version__",
+    "missing_extra",
 ]
 
 

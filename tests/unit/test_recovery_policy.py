@@ -34,8 +34,10 @@ from kafka2pc._recovery_policy import (
     Request,
     Sleep,
     TransactionOutcome,
+    await_completed,
     indefinite_retry_delay,
     plan_policy,
+    resolve_outcomes,
     settle_policy,
     stored_outcome,
 )
@@ -322,3 +324,37 @@ def test_end_txn_refused_because_settled_elsewhere(outcome: str, expected: Trans
     else:
         with pytest.raises(IndefiniteOutcomeError, match=f"its outcome is {outcome}"):
             drive(policy, cluster)
+
+
+# -- many transactions: markers, outcomes asked again --------------------------------------
+
+
+def test_markers_of_ended_transactions_are_waited_for_at_a_short_poll() -> None:
+    cluster = Cluster(describe=[coordinator("PrepareCommit", 42, 0, TOPIC)] * 2 + [coordinator("CompleteCommit")])
+    assert drive(await_completed([TID], timeout_s=10.0), cluster) == []
+    assert cluster.of(Sleep) == [Sleep(0.005)] * 2
+
+
+def test_markers_not_written_within_the_bound_are_reported_not_waited_for() -> None:
+    cluster = Cluster(describe=[coordinator("PrepareAbort", 42, 0, TOPIC)])
+    assert drive(await_completed([TID, TID], timeout_s=0.5), cluster) == [TID, TID]
+    assert 0.5 <= sum(s.seconds for s in cluster.of(Sleep)) <= 0.52  # one bound for all of them
+
+
+def test_unknown_outcomes_are_asked_again_until_known_within_the_wait() -> None:
+    first, second = anchored(TOPIC, 10), anchored(TOPIC, 20)
+    cluster = Cluster(outcomes={(TOPIC, 10): ["committed"], (TOPIC, 20): ["unknown", "ongoing", "aborted"]})
+    outcomes = drive(resolve_outcomes({"a": first, "b": second}, wait_s=60.0), cluster)
+    assert outcomes == {"a": TransactionOutcome.COMMITTED, "b": TransactionOutcome.ABORTED}
+    assert cluster.of(Sleep) == [Sleep(0.5)] * 2
+    assert len(cluster.of(RecordOutcome)) == 4  # "a" once, "b" three times
+
+
+def test_outcomes_still_unknown_after_the_wait_are_unknown_and_asked_at_least_once() -> None:
+    state = anchored(TOPIC, 10)
+    cluster = Cluster(outcomes={(TOPIC, 10): ["ongoing"]})
+    assert drive(resolve_outcomes({"a": state}, wait_s=0.0), cluster) == {"a": TransactionOutcome.UNKNOWN}
+    assert len(cluster.of(RecordOutcome)) == 1 and cluster.of(Sleep) == []
+    waited = Cluster(outcomes={(TOPIC, 10): ["unknown"]})
+    assert drive(resolve_outcomes({"a": state}, wait_s=2.0), waited) == {"a": TransactionOutcome.UNKNOWN}
+    assert 2.0 <= sum(s.seconds for s in waited.of(Sleep)) <= 2.5

@@ -1,0 +1,84 @@
+"""``TransactionAdmin`` as the recipes' and the CLI's recovery facade, against the real broker.
+
+Three prepared transactions under one id family: a decision names two of
+them (``settle_many`` commits the first, ``settle_open`` the second) and not
+the third (a stray: ``settle_open`` aborts and fences it).  What the
+``read_committed`` consumer sees must match what the facade reported.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from kafka2pc import (
+    Decision,
+    PreparedTxnState,
+    ProducerFencedError,
+    Settlement,
+    TopicPartition,
+    TransactionAdmin,
+    TransactionOutcome,
+    TwoPhaseCommitProducer,
+)
+from kafka2pc.testing import create_topic, drain
+
+
+def _prepared(bootstrap: str, tid: str, topic: str, value: bytes) -> tuple[TwoPhaseCommitProducer, PreparedTxnState]:
+    producer = TwoPhaseCommitProducer(
+        {"bootstrap.servers": bootstrap, "transactional.id": tid, "transaction.timeout.ms": 120_000}
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=value)
+    return producer, producer.prepare_transaction(30)
+
+
+def test_settle_many_settle_open_and_outcomes_agree_with_the_consumer(kafka_bootstrap: str) -> None:
+    topic = create_topic(kafka_bootstrap, partitions=3)
+    base = f"k2pc-facade-{uuid.uuid4().hex[:8]}"
+    first, first_state = _prepared(kafka_bootstrap, f"{base}-0", topic, b"first")
+    second, second_state = _prepared(kafka_bootstrap, f"{base}-1", topic, b"second")
+    stray, stray_state = _prepared(kafka_bootstrap, f"{base}-2", topic, b"stray")
+    seen: list[tuple[str, Settlement]] = []
+    try:
+        with TransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:
+            assert topic in admin.topic_names()
+            limit = admin.max_transaction_timeout_ms()
+            assert limit is not None and 0 < limit <= 2_147_483
+
+            settled = admin.settle_many({f"{base}-0": first_state}, on_settled=lambda t, s: seen.append((t, s)))
+            assert [t for t, _ in seen] == [f"{base}-0"]
+            assert settled[f"{base}-0"].outcome is TransactionOutcome.COMMITTED
+            info = admin.describe_transaction(f"{base}-0")
+            assert info is not None and info.state == "CompleteCommit"  # the markers were waited for
+
+            decisions = admin.settle_open(lambda tid: tid.startswith(base + "-"), {f"{base}-1": second_state})
+            assert decisions == {f"{base}-1": Decision.COMMIT, f"{base}-2": Decision.ABORT}
+            assert admin.settle_open(lambda tid: tid.startswith(base + "-"), {}) == {}  # nothing open any more
+
+            outcomes = admin.outcomes_of_settled(
+                {"first": first_state, "second": second_state, "stray": stray_state}, wait_s=5
+            )
+            assert outcomes == {"first": TransactionOutcome.COMMITTED, "second": TransactionOutcome.COMMITTED,
+                                "stray": TransactionOutcome.ABORTED}
+            assert admin.outcome_of(stray_state) is TransactionOutcome.ABORTED
+
+            anchor = stray_state.anchor
+            assert anchor is not None
+            partition = TopicPartition(topic, anchor[0].partition)
+            lag = admin.partition_lag(partition)
+            assert lag.held_back == 0  # nothing left open on the partition
+            assert all(p.current_txn_start_offset == -1 for p in admin.describe_producers(partition))
+            assert admin.find_hanging_transactions([partition], max_transaction_timeout_ms=0) == []
+    finally:
+        for producer in (first, second):
+            producer.close(5)
+    try:
+        stray.commit_transaction(10)  # fenced by settle_open's abort
+        raise AssertionError("the stray's producer was not fenced")
+    except ProducerFencedError:
+        pass
+    finally:
+        stray.close(5)
+    values = sorted(r.value for r in drain(kafka_bootstrap, topic, "read_committed") if r.value != b"")
+    assert values == [b"first", b"second"]
