@@ -14,6 +14,9 @@ from typing import Any, Final
 
 from ._values import TopicNotFoundError
 
+LIBRDKAFKA_LOGGER: Final = "kafka2pc.librdkafka"
+"""The logger kafka2pc's producers give librdkafka (``kafka2pc._logging.LIBRDKAFKA_LOGGER_NAME``)."""
+
 __all__ = ["TopicCheck"]
 
 logger = logging.getLogger(__name__)
@@ -43,9 +46,10 @@ class TopicCheck:
 
         with self._lock:
             if self._admin is None:
-                from kafka2pc._logging import with_librdkafka_logger
-
-                self._admin = AdminClient(with_librdkafka_logger(dict(self._config)))  # logs -> logging
+                config = dict(self._config)
+                # librdkafka's logs -> logging, on the logger (and its filter) the writer's producer set up
+                config.setdefault("logger", logging.getLogger(LIBRDKAFKA_LOGGER))
+                self._admin = AdminClient(config)
             try:
                 metadata = self._admin.list_topics(topic, timeout=self._timeout_s)
             except KafkaException as exc:  # the cluster did not answer: let the producer report it

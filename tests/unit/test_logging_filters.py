@@ -170,3 +170,12 @@ def test_an_unreachable_broker_is_one_warning_per_library_without_traceback() ->
     ):
         assert not flt.filter(_record(name, logging.ERROR, text))  # the same condition, same library
     assert flt.filter(_record("kafka2pc.librdkafka", logging.WARNING, "Connect to ipv4#1.2.3.4:9 failed"))
+
+
+def test_the_dual_writes_topic_check_logs_on_the_producers_librdkafka_logger() -> None:
+    """The recipe names the logger without importing the private module; the two names must agree."""
+    from kafka2pc.recipes.dual_write._topics import LIBRDKAFKA_LOGGER
+
+    from kafka2pc._logging import LIBRDKAFKA_LOGGER_NAME
+
+    assert LIBRDKAFKA_LOGGER == LIBRDKAFKA_LOGGER_NAME
