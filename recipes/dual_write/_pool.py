@@ -11,6 +11,7 @@ and when; safety comes from the state row and Kafka's fencing, as with fixed ids
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from kafka2pc import IllegalStateError, Kafka2pcError, PreparedTxnState, UsageError
+from kafka2pc import IllegalStateError, InvalidPreparedStateError, Kafka2pcError, PreparedTxnState, UsageError
 
 from ._handle import DualWriteTransaction
 from ._lease import Lease, LeaseBook
@@ -34,11 +35,14 @@ from ._lease import lease_table as _make_lease_table
 from ._lifecycle import WriterState
 from ._pipeline import CommitPipeline, InFlightCommit
 from ._schema import state_table as _make_state_table
+from ._store import locked, store_for
 from ._values import DualWriteMetrics, RecoveryResult, StepHook
 from ._writer import DualWriter
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+    from kafka2pc import TransactionAdmin
 
     from ._bind import Bind
 
@@ -101,8 +105,36 @@ class _Slot:
 class _Counters:
     orphans_settled: int = 0
     orphan_errors: int = 0
+    heuristics: int = 0
     leases_lost: int = 0
     retired: list[DualWriteMetrics] = field(default_factory=list)
+
+
+class _Admins:
+    """One :class:`~kafka2pc.TransactionAdmin` per settling thread (a control plane serves one thread)."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self._config = config
+        self._local = threading.local()
+        self._all: list[TransactionAdmin] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> TransactionAdmin:
+        admin: TransactionAdmin | None = getattr(self._local, "admin", None)
+        if admin is None:
+            from kafka2pc import TransactionAdmin
+
+            admin = TransactionAdmin(self._config)
+            self._local.admin = admin
+            with self._lock:
+                self._all.append(admin)
+        return admin
+
+    def close(self) -> None:
+        with self._lock:
+            admins, self._all = self._all, []
+        for admin in admins:
+            admin.close()
 
 
 def _default_owner() -> str:
@@ -272,8 +304,11 @@ class WriterPool:
             slots = list(self._slots)
             retired = list(self._counters.retired)
         pipeline = self._pipeline
+        writers = DualWriteMetrics.aggregate([s.writer.metrics() for s in slots] + retired)
         return PoolMetrics(
-            transactions=DualWriteMetrics.aggregate([s.writer.metrics() for s in slots] + retired),
+            transactions=dataclasses.replace(
+                writers, heuristic_outcomes=writers.heuristic_outcomes + self._counters.heuristics
+            ),
             leases_held=sum(not s.lost for s in slots),
             slots_busy=sum(s.busy for s in slots),
             orphans_settled=self._counters.orphans_settled,
@@ -404,37 +439,115 @@ class WriterPool:
         if not leases or self._closed:
             return []
         random.shuffle(leases)  # instances scanning at once start on different ids
-        if len(leases) == 1 or self._settle_parallelism == 1:
-            found = [self._settle_one(lease) for lease in leases]
-        else:
-            with ThreadPoolExecutor(min(self._settle_parallelism, len(leases)),
-                                    thread_name_prefix="k2pc-pool-settle") as executor:
-                found = list(executor.map(self._settle_one, leases))
+        admins = _Admins(self._config)
+        try:
+            if len(leases) == 1 or self._settle_parallelism == 1:
+                found = [self._settle_one(lease, admins) for lease in leases]
+            else:
+                with ThreadPoolExecutor(min(self._settle_parallelism, len(leases)),
+                                        thread_name_prefix="k2pc-pool-settle") as executor:
+                    found = list(executor.map(lambda lease: self._settle_one(lease, admins), leases))
+        finally:
+            admins.close()
         return [r for r in found if r is not None]
 
-    def _settle_one(self, lease: Lease) -> RecoveryResult | None:
+    def _settle_one(self, lease: Lease, admins: _Admins | None = None) -> RecoveryResult | None:
         claimed = self._book.claim(lease)
         if claimed is None:
             return None  # another instance won the race (or the owner renewed in time)
         logger.warning("%s: lease of %s (epoch %d) expired at %s: recovering it",
                        lease.transactional_id, lease.owner, lease.epoch, lease.expires_at)
-        writer = self._new_writer(lease.transactional_id)
-        try:
-            result = writer.recover(raise_on_heuristic=False)
-        except Exception as exc:  # noqa: BLE001 - reported in the result and the metrics, retried next scan
-            logger.error("%s: recovery of the orphaned id failed (retried at the next scan): %s",
-                         lease.transactional_id, exc)
-            self._counters.orphan_errors += 1
-            self._retire([_Slot(writer, claimed.epoch)], abandon=True)
-            return RecoveryResult(lease.transactional_id, PreparedTxnState(), None, error=exc)
-        self._counters.orphans_settled += 1
         with self._cond:
             keep = not self._closed and len(self._slots) + self._acquiring < self._max_slots
             if keep:
-                self._slots.append(_Slot(writer, claimed.epoch))
+                self._acquiring += 1  # the place is ours while the recovery runs
+        if not keep and admins is not None:
+            return self._settle_without_producer(lease.transactional_id, claimed.epoch, admins)
+        try:
+            return self._settle_into_slot(lease.transactional_id, claimed.epoch, keep)
+        finally:
+            if keep:
+                with self._cond:
+                    self._acquiring -= 1
+                    self._cond.notify()
+
+    def _settle_without_producer(self, tid: str, epoch: int, admins: _Admins) -> RecoveryResult:
+        """The recovery of an id this instance will not keep, through the coordinator (no producer to start).
+
+        The same protocol as the writer's recovery and ``kafka2pc recover``:
+        claim the state row (committed before Kafka is touched), complete the
+        stored transaction (commit iff it is the one the database committed,
+        abort any other), then fence the id's producer (a new epoch), so a
+        paused owner that resumes cannot write under it.  A heuristic outcome
+        with ``retain_records`` goes through the writer's recovery, which
+        re-publishes the retained records.
+        """
+        from kafka2pc import Decision
+
+        store = store_for(self._engine.dialect, self._state_table)
+        timeout_ms = self._writer_options["lock_timeout_ms"]
+        try:
+            with self._engine.connect() as conn, conn.begin():
+                claimed = locked(store, tid, "settle an orphaned id (claim the state row)",
+                                 lambda: store.claim(conn, tid, timeout_ms))
+            state = self._parse_state(tid, claimed.state)
+            admin = admins.get()
+            settlement = admin.complete_transaction(tid, state, fence=True, raise_on_heuristic=False)
+            if settlement.plan.decision is Decision.NOTHING:
+                admin.force_terminate_transaction(tid)  # nothing open: fence the old producer all the same
+        except Exception as exc:  # noqa: BLE001 - reported in the result and the metrics, retried next scan
+            logger.error("%s: recovery of the orphaned id failed (retried at the next scan): %s", tid, exc)
+            self._counters.orphan_errors += 1
+            self._abandon(tid, epoch)
+            return RecoveryResult(tid, PreparedTxnState(), None, error=exc)
+        if settlement.heuristic:
+            if self._writer_options["retain_records"]:
+                return self._settle_into_slot(tid, epoch, keep=False)
+            self._counters.heuristics += 1
+            logger.error("HEURISTIC OUTCOME for %r: the database committed %s but Kafka aborted it; recover the id "
+                         "with DualWriter(...).recover() to see the details and acknowledge it", tid, state)
+        self._counters.orphans_settled += 1
+        logger.info("%s: settled (stored %s; %s -> %s)", tid, state, settlement.plan.decision.value,
+                    settlement.outcome.value)
+        try:
+            self._book.release([(tid, epoch)])
+        except sa.exc.SQLAlchemyError as exc:
+            logger.warning("%s: could not release the lease (it expires by itself): %s", tid, exc)
+        return RecoveryResult(tid, state, settlement)
+
+    def _parse_state(self, tid: str, stored: str | None) -> PreparedTxnState:
+        try:
+            return PreparedTxnState(stored) if stored else PreparedTxnState()
+        except InvalidPreparedStateError as exc:
+            raise InvalidPreparedStateError(
+                f"{tid!r}: the state row in {self._state_table.name} holds a malformed prepared state {stored!r} "
+                f"({exc}); fix or clear it (an operator decision)"
+            ) from exc
+
+    def _abandon(self, tid: str, epoch: int) -> None:
+        try:
+            self._book.expire([(tid, epoch)])
+        except sa.exc.SQLAlchemyError as exc:
+            logger.warning("%s: could not mark the lease expired (it expires by itself): %s", tid, exc)
+
+    def _settle_into_slot(self, tid: str, epoch: int, keep: bool) -> RecoveryResult:
+        """The writer's own recovery of an orphaned id; the id becomes a slot if ``keep``."""
+        writer = self._new_writer(tid)
+        try:
+            result = writer.recover(raise_on_heuristic=False)
+        except Exception as exc:  # noqa: BLE001 - reported in the result and the metrics, retried next scan
+            logger.error("%s: recovery of the orphaned id failed (retried at the next scan): %s", tid, exc)
+            self._counters.orphan_errors += 1
+            self._retire([_Slot(writer, epoch)], abandon=True)
+            return RecoveryResult(tid, PreparedTxnState(), None, error=exc)
+        self._counters.orphans_settled += 1
+        with self._cond:
+            keep = keep and not self._closed
+            if keep:
+                self._slots.append(_Slot(writer, epoch))
                 self._cond.notify()
         if not keep:
-            self._retire([_Slot(writer, claimed.epoch)])
+            self._retire([_Slot(writer, epoch)])
         return result
 
     # -- slots -----------------------------------------------------------------------------

@@ -215,3 +215,66 @@ def test_an_operator_fencing_a_slot_drops_it_and_the_pool_goes_on(pg_url: str, k
     rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, prefix)
     assert not problems and rows == records == 2
     engine.dispose()
+
+
+@pytest.mark.parametrize("retain", [False, True], ids=["plain", "retain"])
+@pytest.mark.parametrize("step", ["kafka_begun", "produced", "prepared", "db_committed"])
+def test_an_operator_force_terminating_a_live_transaction(
+    pg_url: str, kafka_bootstrap: str, step: str, retain: bool
+) -> None:
+    """What ``kafka2pc force-terminate`` does to a live writer's transaction (documented in docs/deploying.md).
+
+    Before the first record reached Kafka (``kafka_begun``): the produce is fenced, both sides roll back
+    (``ProducerFencedError``).  Once the records were acknowledged (``produced`` + a moment), after the
+    prepare, or after the database COMMIT: the prepare only flushes, so nothing notices until the Kafka
+    commit; the database commits and Kafka has aborted: a heuristic outcome, raised to the application
+    (``HeuristicOutcomeError``); with ``retain_records`` the pool's orphan recovery re-publishes the
+    records, so they end up visible exactly once.
+    """
+    from kafka2pc.recipes.dual_write import Step
+
+    from kafka2pc import HeuristicOutcomeError
+
+    engine = _engine(pg_url)
+    metadata = sa.MetaData()
+    from kafka2pc.recipes.dual_write import outbox_table
+
+    outbox_table(metadata).create(engine, checkfirst=True)
+    topic = create_topic(kafka_bootstrap)
+    prefix = _prefix(f"term-{step}")
+    config = {"bootstrap.servers": kafka_bootstrap}
+    armed: dict[str, str] = {}
+    admin = TransactionAdmin(config)
+
+    def hook(at: Step) -> None:
+        if armed and at.value == step:
+            tid = armed.pop("tid")
+            time.sleep(0.3 if step == "produced" else 0)  # the record reaches the broker: Ongoing
+            admin.force_terminate_transaction(tid)
+
+    pool = WriterPool(engine, config, prefix=prefix, size=2, max_slots=1, lease_s=2, on_step=hook,
+                      retain_records=retain)
+    try:
+        _write(pool, engine, topic, f"{prefix}:0")
+        armed["tid"] = pool.held_ids[0]
+        committed_in_db = step != "kafka_begun"
+        with pytest.raises(HeuristicOutcomeError if committed_in_db else ProducerFencedError):
+            _write(pool, engine, topic, f"{prefix}:1")
+        assert not armed
+        assert pool.metrics().transactions.heuristic_outcomes == (1 if committed_in_db else 0)
+        _write(pool, engine, topic, f"{prefix}:2")  # the pool goes on (another id, or the same recovered)
+        deadline = time.monotonic() + 20
+        while pool.metrics().orphans_settled < 1:  # the fenced id is recovered by the orphan scan
+            assert time.monotonic() < deadline, "the terminated id was not recovered"
+            time.sleep(0.1)
+    finally:
+        pool.close()
+        admin.close()
+    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, prefix)
+    if committed_in_db and not retain:
+        assert problems == [f"committed rows without a record: ['{prefix}:1'] (1)"]
+        assert rows == 3 and records == 2
+    else:
+        assert not problems, problems
+        assert rows == records == (3 if committed_in_db else 2)
+    engine.dispose()
