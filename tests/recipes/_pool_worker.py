@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import sys
 import threading
@@ -54,6 +55,7 @@ def main(job: dict[str, Any]) -> None:
     started = {"n": 0}
     lock = threading.Lock()
     fault = {"fired": False}
+    rng = random.Random(job.get("seed", 0))
 
     def hook(step: Step) -> None:
         if job.get("park_at") == step.value:
@@ -69,6 +71,16 @@ def main(job: dict[str, Any]) -> None:
                 if fault["fired"] or started["n"] < job.get("after", 0):
                     return
                 fault["fired"] = True
+            if job.get("kill_within_s") is not None:
+                # Kill from another thread a moment later: the pipelined Kafka commit of this
+                # transaction (handed off right after this step) is in flight when the kill lands.
+                def later() -> None:
+                    _append(results, {"worker": job["worker"], "fault": "timer", "step": step.value,
+                                      "in_flight": pool.metrics().commits_in_flight, "t": time.time()})
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+                threading.Timer(rng.uniform(0.0, job["kill_within_s"]), later).start()
+                return
             if job.get("fault_delay_s"):
                 time.sleep(job["fault_delay_s"])  # e.g. let librdkafka send the records: the transaction is Ongoing
             _append(results, {"worker": job["worker"], "fault": key, "step": step.value, "pid": os.getpid(),
