@@ -57,6 +57,11 @@ transactions), that *heuristic outcome* is raised as
 repaired: the records kept in the outbox table are re-published in a new
 two-phase transaction, so even that case delivers them exactly once.
 
+Many instances sharing one database need no hand-made ids:
+:class:`WriterPool` leases transactional ids from a bounded set recorded in
+that database (:func:`lease_table`), gives each concurrent transaction its own
+producer, and settles the ids of instances that died (``docs/deploying.md``).
+
 See ``docs/dual-write.md`` for the failure analysis and the metrics.
 """
 
@@ -69,7 +74,9 @@ except ImportError as exc:
 
 from ._bind import Bind
 from ._handle import DualWriteTransaction
+from ._lease import DEFAULT_LEASE_TABLE, Lease, lease_table
 from ._lifecycle import WriterState
+from ._pool import PoolExhaustedError, PoolMetrics, WriterPool
 from ._schema import DEFAULT_OUTBOX_TABLE, DEFAULT_STATE_TABLE, outbox_table, state_table
 from ._store import MySQLStore, PostgresStore, RowLockStore, SQLiteStore, StateStore, store_for
 from ._values import (
@@ -85,14 +92,18 @@ from ._values import (
 from ._writer import DualWriter, recover_all
 
 __all__ = [
+    "DEFAULT_LEASE_TABLE",
     "DEFAULT_OUTBOX_TABLE",
     "DEFAULT_STATE_TABLE",
     "Bind",
     "DualWriteMetrics",
     "DualWriteTransaction",
     "DualWriter",
+    "Lease",
     "MissingTableError",
     "MySQLStore",
+    "PoolExhaustedError",
+    "PoolMetrics",
     "PostgresStore",
     "RecoveryResult",
     "RowLockStore",
@@ -103,7 +114,9 @@ __all__ = [
     "StepHook",
     "TopicNotFoundError",
     "TransactionMisuseError",
+    "WriterPool",
     "WriterState",
+    "lease_table",
     "outbox_table",
     "recover_all",
     "state_table",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,8 @@ __all__ = ["DualWriter", "recover_all"]
 
 logger = logging.getLogger(__name__)
 
+DeferCommit = Callable[[Callable[[], None]], None]
+"""Receives the call that commits Kafka after the database COMMIT, to run it later (pipelined commit)."""
 
 
 class DualWriter(Settling):
@@ -243,6 +245,26 @@ class DualWriter(Settling):
             finally:
                 bound.remove()
 
+    @contextmanager
+    def _transaction_deferred(self, bind: Bind, defer: DeferCommit) -> Iterator[DualWriteTransaction]:
+        """:meth:`transaction`, but the Kafka commit after the database COMMIT is handed to ``defer``.
+
+        For :class:`WriterPool`'s pipelined commit: ``defer`` receives the
+        call that commits Kafka (and settles a failure like :meth:`transaction`
+        does) and runs it later, in another thread.  Until that call returned
+        the writer stays ``IN_TRANSACTION``: the caller must not start another
+        transaction on it before.  If the block fails before the database
+        COMMIT, ``defer`` is not called.
+        """
+        with self._exclusive():
+            self._ensure_ready()
+            bound = bind_target(bind, self._tid)
+            bound.install()
+            try:
+                yield from self._run(bound, self._require_producer(), defer)
+            finally:
+                bound.remove()
+
     def close(self) -> None:
         """Release the producer.  A prepared transaction is left for the next :meth:`recover`."""
         producer, self._producer = self._producer, None
@@ -287,7 +309,9 @@ class DualWriter(Settling):
         return self._producer
 
     # -- normal path -----------------------------------------------------------------
-    def _run(self, bound: Bound, producer: TwoPhaseCommitProducer) -> Iterator[DualWriteTransaction]:
+    def _run(
+        self, bound: Bound, producer: TwoPhaseCommitProducer, defer: DeferCommit | None = None
+    ) -> Iterator[DualWriteTransaction]:
         conn = bound.connection
         tx = DualWriteTransaction(self, producer, conn)
         if self._token is None:
@@ -334,7 +358,7 @@ class DualWriter(Settling):
                 raise
             raise error from exc
         try:
-            self._finish(bound, producer, state, token, combined, cleaned)
+            self._finish(bound, producer, state, token, combined, cleaned, defer)
         finally:
             self._open_since = None
 
@@ -368,7 +392,7 @@ class DualWriter(Settling):
 
     def _finish(
         self, bound: Bound, producer: TwoPhaseCommitProducer, state: PreparedTxnState,
-        token: str, combined: bool, cleaned: bool,
+        token: str, combined: bool, cleaned: bool, defer: DeferCommit | None = None,
     ) -> None:
         try:
             if combined:
@@ -386,6 +410,13 @@ class DualWriter(Settling):
         self._last_state = str(state)
         self._outbox_dirty = self._retain or (self._outbox_dirty and not cleaned)
         self._step(Step.DB_COMMITTED)
+        if defer is not None:
+            defer(lambda: self._commit_kafka(producer, state))
+            return
+        self._commit_kafka(producer, state)
+
+    def _commit_kafka(self, producer: TwoPhaseCommitProducer, state: PreparedTxnState) -> None:
+        """Step 7, once the database committed ``state``: commit Kafka, or settle a failure (never guess)."""
         deadline = self._kafka_deadline()  # the commit and any settlement after it end by then
         try:
             self._kafka(lambda: producer.commit_transaction(self._kafka_timeout_s))

@@ -1,0 +1,133 @@
+"""A service instance for the writer-pool tests: a WriterPool and threads writing through it, until killed.
+
+Run as ``python _pool_worker.py '<job json>'``.  Each thread runs
+transactions (one row and one record per id, ``<series>:<worker>:<thread>:<n>``)
+and appends every id whose ``with`` block returned to ``job["results"]``
+(acknowledged to the application: the database committed it).  Errors are
+appended too.  The parent kills the process (SIGKILL), pauses it
+(SIGSTOP/SIGCONT) or ends it with SIGTERM (clean close of the pool).
+
+Fault points (``on_step``): ``kill_at`` kills the process at that step of
+the ``after``-th transaction; ``stop_at`` stops it there (SIGSTOP) once;
+``park_at`` makes every thread block forever at that step (the recovery
+benchmark leaves many ids in doubt this way, then kills the process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _dw_crash import items_table  # noqa: E402
+
+
+def _append(path: str, record: dict[str, Any]) -> None:
+    line = (json.dumps(record) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def main(job: dict[str, Any]) -> None:
+    import logging
+
+    from kafka2pc.recipes.dual_write import Step, WriterPool, state_table
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"%(asctime)s {job['worker']} %(threadName)s %(levelname)s %(name)s: %(message)s")
+    connect_args = {"timeout": 30} if job["db_url"].startswith("sqlite") else {}
+    engine = sa.create_engine(job["db_url"], pool_size=2 * job["threads"] + 4, connect_args=connect_args)
+    items = items_table(sa.MetaData())
+    results = job["results"]
+    done = threading.Event()
+    started = {"n": 0}
+    lock = threading.Lock()
+    fault = {"fired": False}
+    rng = random.Random(job.get("seed", 0))
+
+    def hook(step: Step) -> None:
+        if job.get("park_at") == step.value:
+            with lock:
+                started["n"] += 1
+                parked = started["n"]
+            _append(results, {"worker": job["worker"], "parked": parked, "step": step.value})
+            threading.Event().wait()  # until the process is killed
+        for key in ("kill_at", "stop_at"):
+            if job.get(key) != step.value:
+                continue
+            with lock:
+                if fault["fired"] or started["n"] < job.get("after", 0):
+                    return
+                fault["fired"] = True
+            if job.get("kill_within_s") is not None:
+                # Kill from another thread a moment later: the pipelined Kafka commit of this
+                # transaction (handed off right after this step) is in flight when the kill lands.
+                def later() -> None:
+                    _append(results, {"worker": job["worker"], "fault": "timer", "step": step.value,
+                                      "in_flight": pool.metrics().commits_in_flight, "t": time.time()})
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+                threading.Timer(rng.uniform(0.0, job["kill_within_s"]), later).start()
+                return
+            if job.get("fault_delay_s"):
+                time.sleep(job["fault_delay_s"])  # e.g. let librdkafka send the records: the transaction is Ongoing
+            _append(results, {"worker": job["worker"], "fault": key, "step": step.value, "pid": os.getpid(),
+                              "t": time.time()})
+            os.kill(os.getpid(), signal.SIGKILL if key == "kill_at" else signal.SIGSTOP)
+
+    pool = WriterPool(
+        engine, {"bootstrap.servers": job["bootstrap"], **job.get("producer_config", {})},
+        prefix=job["prefix"], size=job["size"], max_slots=job.get("max_slots", job["threads"]),
+        lease_s=job["lease_s"], state_table=state_table(sa.MetaData()), on_step=hook,
+        pipelined=job.get("pipelined", False), acquire_timeout_s=job.get("acquire_timeout_s", 30.0),
+        settle_parallelism=job.get("settle_parallelism", 8),
+    )
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+
+    def loop(t: int) -> None:
+        n = 0
+        limit = job.get("transactions")
+        while not done.is_set() and (limit is None or n < limit):
+            rid = f"{job['series']}:{job['worker']}:{t}:{n}"
+            try:
+                with engine.connect() as conn, pool.transaction(conn) as tx:
+                    tx.produce(job["topic"], value=rid.encode(), key=f"{job['worker']}:{t}".encode())
+                    conn.execute(items.insert().values(id=rid, series=job["series"]))
+            except Exception as exc:  # noqa: BLE001 - recorded for the parent
+                _append(results, {"worker": job["worker"], "error": type(exc).__name__, "message": str(exc)[:300],
+                                  "id": rid, "t": time.time()})
+                time.sleep(0.05)
+            else:
+                _append(results, {"worker": job["worker"], "ok": rid})
+                with lock:
+                    started["n"] += 1
+            n += 1
+            if job.get("pause_s"):
+                time.sleep(job["pause_s"])
+
+    threads = [threading.Thread(target=loop, args=(t,), name=f"w{t}") for t in range(job["threads"])]
+    for thread in threads:
+        thread.start()
+    _append(results, {"worker": job["worker"], "started": os.getpid(), "owner": pool.owner})
+    for thread in threads:
+        thread.join()
+    pool.close()
+    _append(results, {"worker": job["worker"], "closed": True, "metrics": {
+        "orphans_settled": pool.metrics().orphans_settled, "leases_lost": pool.metrics().leases_lost}})
+    engine.dispose()
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
