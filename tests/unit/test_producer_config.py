@@ -19,6 +19,10 @@ BASE = {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "k2pc-config"}
         ({"linger.ms": "soon"}, "queue.buffering.max.ms"),  # librdkafka names linger.ms by its alias
         ({"kafka2pc.anchor.topic": "bad/topic"}, "kafka2pc.anchor.topic"),
         ({"transaction.timeout.ms": "an hour"}, "transaction.timeout.ms"),
+        # Without successful delivery reports every prepared state would read "sent nothing".
+        ({"delivery.report.only.error": True}, "delivery.report.only.error"),
+        ({"delivery.report.only.error": "true"}, "delivery.report.only.error"),
+        ({"delivery.report.only.error": "maybe"}, "delivery.report.only.error"),
     ],
 )
 def test_bad_configuration_is_a_usage_error_from_the_constructor(extra: dict[str, object], named: str) -> None:
@@ -28,5 +32,6 @@ def test_bad_configuration_is_a_usage_error_from_the_constructor(extra: dict[str
 
 
 def test_valid_configuration_constructs_without_connecting() -> None:
-    producer = TwoPhaseCommitProducer({**BASE, "acks": "all", "linger.ms": 5, "kafka2pc.anchor.topic": "my-anchors"})
+    producer = TwoPhaseCommitProducer({**BASE, "acks": "all", "linger.ms": 5, "kafka2pc.anchor.topic": "my-anchors",
+                                       "delivery.report.only.error": False})
     producer.close()
