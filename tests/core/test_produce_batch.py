@@ -1,4 +1,9 @@
-"""``TwoPhaseCommitProducer.produce_batch``: the same records, order and anchor as ``produce``, fewer Python calls."""
+"""``TwoPhaseCommitProducer.produce_batch``: the same records, order and anchor as ``produce``, fewer Python calls.
+
+And ``kafka2pc.delivery.reports=errors``: only failed deliveries reach Python;
+the anchor is asked of the partition leaders at prepare.  Every test runs in
+both modes: the states, records and errors must not differ.
+"""
 
 from __future__ import annotations
 
@@ -21,13 +26,22 @@ from kafka2pc import (
 )
 from kafka2pc.testing import drain, end_offsets
 
+REPORTS = ["all", "errors"]
 
-def _config(bootstrap: str, **extra: Any) -> dict[str, Any]:
-    return {"bootstrap.servers": bootstrap, "transactional.id": f"k2pc-batch-{uuid.uuid4().hex[:8]}", **extra}
+
+@pytest.fixture(params=REPORTS)
+def reports(request: pytest.FixtureRequest) -> str:
+    """The ``kafka2pc.delivery.reports`` mode of the test's producers."""
+    return str(request.param)
+
+
+def _config(bootstrap: str, reports: str = "all", **extra: Any) -> dict[str, Any]:
+    return {"bootstrap.servers": bootstrap, "transactional.id": f"k2pc-batch-{uuid.uuid4().hex[:8]}",
+            "kafka2pc.delivery.reports": reports, **extra}
 
 
 def test_produce_batch_writes_every_record_in_order_and_anchors_on_the_first(
-    kafka_bootstrap: str, topic_factory: Callable[..., str]
+    kafka_bootstrap: str, topic_factory: Callable[..., str], reports: str
 ) -> None:
     topic = topic_factory(partitions=3)
     n = 25_000  # more than one slice, and more than the local queue holds (it must wait for room)
@@ -36,7 +50,7 @@ def test_produce_batch_writes_every_record_in_order_and_anchors_on_the_first(
     keys[7] = None
     values_with_tombstone: list[str | bytes | None] = [*values, None]
     keys.append(b"tomb")
-    with TwoPhaseCommitProducer(_config(kafka_bootstrap, **{"queue.buffering.max.messages": 2_000})) as producer:
+    with TwoPhaseCommitProducer(_config(kafka_bootstrap, reports, **{"queue.buffering.max.messages": 2_000})) as producer:
         producer.init_transactions(30)
         producer.begin_transaction()
         producer.produce(topic, value=b"before", key=b"0")  # mixes with produce(): one transaction
@@ -71,9 +85,11 @@ def test_produce_batch_writes_every_record_in_order_and_anchors_on_the_first(
     assert tp == TopicPartition(topic, tp.partition) and offset == first
 
 
-def test_produce_batch_to_one_partition(kafka_bootstrap: str, topic_factory: Callable[..., str]) -> None:
+def test_produce_batch_to_one_partition(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], reports: str
+) -> None:
     topic = topic_factory(partitions=2)
-    with TwoPhaseCommitProducer(_config(kafka_bootstrap)) as producer:
+    with TwoPhaseCommitProducer(_config(kafka_bootstrap, reports)) as producer:
         producer.init_transactions(30)
         producer.begin_transaction()
         assert producer.produce_batch(topic, ["a", "b", "c"], partition=1) == 3
@@ -86,12 +102,12 @@ def test_produce_batch_to_one_partition(kafka_bootstrap: str, topic_factory: Cal
 
 
 def test_produce_batch_raises_queue_full_after_its_timeout(
-    kafka_bootstrap: str, topic_factory: Callable[..., str]
+    kafka_bootstrap: str, topic_factory: Callable[..., str], reports: str
 ) -> None:
     topic = topic_factory()
     # librdkafka holds the records for linger.ms: the queue of 100 stays full.
-    config = _config(kafka_bootstrap, **{"queue.buffering.max.messages": 100, "linger.ms": 60_000,
-                                         "batch.num.messages": 1_000_000, "batch.size": 100_000_000})
+    config = _config(kafka_bootstrap, reports, **{"queue.buffering.max.messages": 100, "linger.ms": 60_000,
+                                                  "batch.num.messages": 1_000_000, "batch.size": 100_000_000})
     with TwoPhaseCommitProducer(config) as producer:
         producer.init_transactions(30)
         producer.begin_transaction()
@@ -108,10 +124,10 @@ def test_produce_batch_raises_queue_full_after_its_timeout(
 
 
 def test_produce_batch_refuses_bad_input_and_wrong_states(
-    kafka_bootstrap: str, topic_factory: Callable[..., str]
+    kafka_bootstrap: str, topic_factory: Callable[..., str], reports: str
 ) -> None:
     topic = topic_factory()
-    with TwoPhaseCommitProducer(_config(kafka_bootstrap, **{"message.max.bytes": 10_000})) as producer:
+    with TwoPhaseCommitProducer(_config(kafka_bootstrap, reports, **{"message.max.bytes": 10_000})) as producer:
         producer.init_transactions(30)
         with pytest.raises(IllegalStateError):
             producer.produce_batch(topic, [b"no transaction"])
@@ -126,15 +142,92 @@ def test_produce_batch_refuses_bad_input_and_wrong_states(
 
 
 def test_produce_batch_delivery_failure_fails_the_prepare(
-    kafka_bootstrap: str, topic_factory: Callable[..., str]
+    kafka_bootstrap: str, topic_factory: Callable[..., str], reports: str
 ) -> None:
     """A record the broker refuses (larger than the topic's max.message.bytes) fails prepare, as with produce()."""
     topic = topic_factory(config={"max.message.bytes": "2000"})
-    with TwoPhaseCommitProducer(_config(kafka_bootstrap)) as producer:
+    with TwoPhaseCommitProducer(_config(kafka_bootstrap, reports)) as producer:
         producer.init_transactions(30)
         producer.begin_transaction()
         producer.produce_batch(topic, [b"small", b"y" * 5_000, b"small too"])
         with pytest.raises(AbortableError):
             producer.prepare_transaction(30)
         producer.abort_transaction(30)
+    assert drain(kafka_bootstrap, topic) == []
+
+
+def test_errors_only_reports_anchor_exactly_and_recover(kafka_bootstrap: str, topic_factory: Callable[..., str]) -> None:
+    """Without success reports the state is the one the delivery reports would have given, and it recovers."""
+    from kafka2pc import PreparedTxnState
+
+    topics = [topic_factory(partitions=3), topic_factory(partitions=2)]
+    config = _config(kafka_bootstrap, "errors")
+    with TwoPhaseCommitProducer(config) as producer:
+        producer.init_transactions(30)
+        for txn in range(3):  # consecutive transactions share producer id and epoch: only the anchor differs
+            producer.begin_transaction()
+            producer.produce(topics[1], value=b"p1-%d" % txn, partition=1)  # the first topic written: asked first
+            producer.produce_batch(topics[0], [b"%d-%d" % (txn, i) for i in range(30)], [b"%d" % i for i in range(30)])
+            producer.produce(topics[1], value=b"p0-%d" % txn, partition=0)
+            state = producer.prepare_transaction(30)
+            records = drain(kafka_bootstrap, topics[1], "read_uncommitted")
+            # Its lowest partition written; the offset of this transaction's record there.
+            (own,) = [r for r in records if r.value == b"p0-%d" % txn]
+            assert state.anchor == (TopicPartition(topics[1], 0), own.offset)
+            assert not state.sent_nothing
+            if txn < 2:
+                producer.commit_transaction(30)
+        stored = PreparedTxnState(str(state))
+    # The prepared transaction is completed from its stored state by a new producer, as after a crash.
+    with TwoPhaseCommitProducer(config) as recovering:
+        recovering.init_transactions(30, keep_prepared_txn=True)
+        recovering.complete_transaction(stored)
+        settlement = recovering.last_settlement
+        assert settlement is not None and settlement.outcome.value == "committed"
+    assert len(drain(kafka_bootstrap, topics[0])) == 90
+    assert sorted(r.value for r in drain(kafka_bootstrap, topics[1]) if r.value) == sorted(
+        [b"p1-%d" % t for t in range(3)] + [b"p0-%d" % t for t in range(3)]
+    )
+
+
+def test_errors_only_reports_offsets_only_transaction_anchors_on_its_marker(
+    kafka_bootstrap: str, topic_factory: Callable[..., str]
+) -> None:
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as ConfluentTopicPartition
+
+    topic = topic_factory()
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}"})
+    try:
+        with TwoPhaseCommitProducer(_config(kafka_bootstrap, "errors")) as producer:
+            producer.init_transactions(30)
+            producer.begin_transaction()
+            producer.send_offsets_to_transaction([ConfluentTopicPartition(topic, 0, 1)],
+                                                 consumer.consumer_group_metadata())
+            state = producer.prepare_transaction(30)
+            assert state.anchor is not None and state.anchor[0].topic == "kafka2pc-anchors"
+            marker = [r for r in drain(kafka_bootstrap, "kafka2pc-anchors", "read_uncommitted")
+                      if r.key == producer.transactional_id.encode()]
+            assert (state.anchor[0].partition, state.anchor[1]) == (marker[-1].partition, marker[-1].offset)
+            producer.abort_transaction(30)
+    finally:
+        consumer.close()
+
+
+def test_errors_only_reports_a_transaction_aborted_before_prepare_is_an_abortable_error(
+    kafka_bootstrap: str, topic_factory: Callable[..., str]
+) -> None:
+    from kafka2pc import TransactionAdmin
+
+    topic = topic_factory(partitions=2)
+    with TwoPhaseCommitProducer(_config(kafka_bootstrap, "errors")) as producer:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce_batch(topic, [b"a", b"b"], [b"1", b"2"])
+        assert producer.flush(30) == 0
+        with TransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:  # an operator, or a new instance
+            assert admin.force_terminate_transaction(producer.transactional_id) is not None
+        with pytest.raises(AbortableError, match="no partition the transaction wrote has it open"):
+            producer.prepare_transaction(30)
+        assert producer.state is TxnState.ABORTABLE_ERROR
     assert drain(kafka_bootstrap, topic) == []

@@ -23,6 +23,7 @@ BASE = {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "k2pc-config"}
         ({"delivery.report.only.error": True}, "delivery.report.only.error"),
         ({"delivery.report.only.error": "true"}, "delivery.report.only.error"),
         ({"delivery.report.only.error": "maybe"}, "delivery.report.only.error"),
+        ({"kafka2pc.delivery.reports": "some"}, "kafka2pc.delivery.reports"),
     ],
 )
 def test_bad_configuration_is_a_usage_error_from_the_constructor(extra: dict[str, object], named: str) -> None:
