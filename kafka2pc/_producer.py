@@ -174,9 +174,9 @@ class TwoPhaseCommitProducer:
     success report costs about a fifth of the CPU of a record sent with
     :meth:`produce_batch`); ``prepare_transaction`` then asks the leaders of
     the partitions the transaction wrote for its first offset
-    (DescribeProducers, one request per partition until one answers, after a
-    metadata request per topic written without an explicit partition), which
-    names the same transaction.  A failed delivery fails the prepare in both
+    (DescribeProducers, one request per partition until one answers: partition
+    0 first, then, after a metadata request, the others of a topic written
+    without an explicit partition), which names the same transaction.  A failed delivery fails the prepare in both
     modes; ``on_delivery`` callbacks see only failures in ``"errors"`` mode.
     Setting ``delivery.report.only.error`` directly is refused.
     """
@@ -544,7 +544,14 @@ class TwoPhaseCommitProducer:
         """
         op = "prepare_transaction"
         for topic, partitions in self._written.items():
+            asked: set[int] = set()
             if partitions is None:
+                # Partition 0 always exists and, for keyed records, was most likely written:
+                # ask it before spending a metadata request on the topic's partition count.
+                offset = self._txn_start_offset(TopicPartition(topic, 0), deadline)
+                if offset is not None:
+                    return topic, 0, offset
+                asked.add(0)
                 left = _left(deadline, op)
                 try:
                     metadata = self._require_producer().list_topics(topic, timeout=left)
@@ -552,13 +559,10 @@ class TwoPhaseCommitProducer:
                     raise self._failed(op, exc) from exc
                 described = metadata.topics.get(topic)
                 partitions = set(described.partitions) if described is not None else set()
-            for partition in sorted(partitions):
-                with self._bounded(deadline, op):
-                    producers = self._ctrl.describe_producers(TopicPartition(topic, partition))
-                for p in producers:
-                    if (p.producer_id == self._producer_id and p.producer_epoch == self._epoch
-                            and p.current_txn_start_offset >= 0):
-                        return topic, partition, p.current_txn_start_offset
+            for partition in sorted(partitions - asked):
+                offset = self._txn_start_offset(TopicPartition(topic, partition), deadline)
+                if offset is not None:
+                    return topic, partition, offset
         # Every record was delivered (no error report), yet no partition has the transaction open:
         # another instance fenced this one, or it was aborted meanwhile.
         error = AbortableError(
@@ -567,6 +571,16 @@ class TwoPhaseCommitProducer:
         )
         self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=error)
         raise error
+
+    def _txn_start_offset(self, tp: TopicPartition, deadline: float) -> int | None:
+        """This producer's open transaction's first offset on ``tp`` (DescribeProducers), if it has one there."""
+        with self._bounded(deadline, "prepare_transaction"):
+            producers = self._ctrl.describe_producers(tp)
+        for p in producers:
+            mine = p.producer_id == self._producer_id and p.producer_epoch == self._epoch
+            if mine and p.current_txn_start_offset >= 0:
+                return p.current_txn_start_offset
+        return None
 
     def _flush_for_prepare(self, timeout: float) -> None:
         """Flush; raise the first delivery error (abortable or fatal), or RetriableError on timeout."""

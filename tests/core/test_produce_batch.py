@@ -231,3 +231,29 @@ def test_errors_only_reports_a_transaction_aborted_before_prepare_is_an_abortabl
             producer.prepare_transaction(30)
         assert producer.state is TxnState.ABORTABLE_ERROR
     assert drain(kafka_bootstrap, topic) == []
+
+
+def test_errors_only_reports_find_the_anchor_beyond_partition_0(
+    kafka_bootstrap: str, topic_factory: Callable[..., str]
+) -> None:
+    """Keyed records that all landed on partition 2: partition 0 answers nothing, the metadata names the rest."""
+    from confluent_kafka import Producer
+
+    probe_topic, topic = topic_factory(partitions=3), topic_factory(partitions=3)
+    landed: dict[int, bytes] = {}
+    probe = Producer({"bootstrap.servers": kafka_bootstrap})  # the same partitioner, to find a key for partition 2
+    for i in range(50):
+        key = b"key-%d" % i
+        probe.produce(probe_topic, value=b"", key=key,
+                      on_delivery=lambda err, msg, k=key: landed.setdefault(msg.partition(), k))
+    assert probe.flush(30) == 0
+    key = landed[2]
+    with TwoPhaseCommitProducer(_config(kafka_bootstrap, "errors")) as producer:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce_batch(topic, [b"a", b"b"], [key, key])
+        state = producer.prepare_transaction(30)
+        producer.commit_transaction(30)
+    records = drain(kafka_bootstrap, topic)
+    assert [(r.partition, r.value) for r in records] == [(2, b"a"), (2, b"b")]
+    assert state.anchor == (TopicPartition(topic, 2), records[0].offset)
