@@ -52,8 +52,9 @@ def executor_config(config: Mapping[str, Any], txn_timeout_ms: int | None) -> di
     """The executors' producer settings: the user's, plus the sink's defaults where the user set none."""
     result = dict(config)
     # Only failed deliveries reach the tasks' Python: a success report per record
-    # was about a third of a task's CPU (the prepared state's anchor is asked of
-    # the partition leaders instead, one request per transaction).
+    # costs CPU the task needs for producing (benchmarks/bench_spark_task.py); the
+    # prepared state's anchor is asked of the partition leader instead, one
+    # request per transaction.
     result.setdefault(DELIVERY_REPORTS_CONFIG, "errors")
     if "transaction.timeout.ms" not in result and "transaction.two.phase.commit.enable" not in result:
         if txn_timeout_ms is not None:
