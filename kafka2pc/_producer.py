@@ -176,9 +176,10 @@ class TwoPhaseCommitProducer:
     the partitions the transaction wrote for its first offset
     (DescribeProducers, one request per partition until one answers: partition
     0 first, then, after a metadata request, the others of a topic written
-    without an explicit partition), which names the same transaction.  A failed delivery fails the prepare in both
-    modes; ``on_delivery`` callbacks see only failures in ``"errors"`` mode.
-    Setting ``delivery.report.only.error`` directly is refused.
+    without an explicit partition), which names the same transaction.  A
+    failed delivery fails the prepare in both modes; ``on_delivery`` callbacks
+    see only failures in ``"errors"`` mode.  Setting
+    ``delivery.report.only.error`` directly is refused.
     """
 
     def __init__(self, config: Mapping[str, Any], *, control_plane: ControlPlane | None = None) -> None:
