@@ -131,6 +131,11 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
         result["write_s"] = [m.write_s for m in ours.metrics]
         result["tasks"] = [(round(m.task_open_s, 3), round(m.task_write_s, 3), round(m.task_prepare_s, 3))
                            for m in ours.metrics]
+        result["settle_s"] = [m.settle_s for m in ours.metrics]
+        result["job_rest_s"] = [m.write_s - m.task_open_s - m.task_write_s - m.task_prepare_s for m in ours.metrics]
+        result["driver_rest_s"] = [
+            m.time_to_visibility_s - m.settle_s - m.write_s - m.decision_s - m.completion_s for m in ours.metrics
+        ]
         ours.close()
     return result
 
@@ -272,6 +277,7 @@ def run(args: argparse.Namespace) -> None:
             f"records={args.records} batches={args.batches} files={args.files} partitions={args.partitions} "
             f"value={args.value_bytes}B rounds={args.rounds} pyspark={pyspark.__version__} "
             f"master={args.master} cores={os.cpu_count()} load={os.getloadavg()[0]:.1f}"
+            + (f" builtin-connector={package}" if "builtin" in sinks else "")
         ),
         "",
         "| sink | rows/s (median of rounds) | rows/s (best round) | batch s | visible after s | 2PC commit s |",
@@ -303,7 +309,28 @@ def run(args: argparse.Namespace) -> None:
             ),
             "",
         ]
+    ttv_rows = [
+        ("before the job: settle leftovers (first batch), check the topic", med(per_batch("ours", "settle_s"))),
+        ("write job, slowest task: open (producer + init_transactions, fences older attempts)",
+         med(t[0] for t in tasks)),
+        ("write job, slowest task: produce the rows (pulling them from the JVM included)",
+         med(t[1] for t in tasks)),
+        ("write job, slowest task: prepare (flush; the anchor asked of the partition leader)",
+         med(t[2] for t in tasks)),
+        ("write job, the rest (Spark scheduling, reading the input, Arrow to Python, results)",
+         med(per_batch("ours", "job_rest_s"))),
+        ("decision file (the commit point)", med(per_batch("ours", "decision_s"))),
+        ("completion through the coordinator (commit, markers, stray sweep)", med(per_batch("ours", "completion_s"))),
+        ("other driver work (replay check, metrics)", med(per_batch("ours", "driver_rest_s"))),
+        ("**call of the sink to visible** (time to visibility)", ours_ttv),
+    ]
+    if "builtin" in sinks:
+        ttv_rows.append(("Spark's built-in sink, batch (its rows are visible then)", med(per_batch("builtin", "add_batch_s"))))
+    lines += ["", "Where the time of one batch goes (ours; medians over every batch of every round, so the parts do "
+              "not add up exactly):", "", "| part | s |", "|---|---:|"]
+    lines += [f"| {label} | {value:.3f} |" for label, value in ttv_rows]
     lines += [
+        "",
         (
             f"ours, per batch (medians): decision file {med(per_batch('ours', 'decision_s')):.3f}s, completion "
             f"through the coordinator {med(per_batch('ours', 'completion_s')):.3f}s (2PC after the tasks: "
@@ -323,7 +350,8 @@ def run(args: argparse.Namespace) -> None:
         heading = "Spark sink" if int(line.split(".")[0]) >= 4 else f"Spark sink on PySpark {line}"
         if args.master.startswith("spark://"):
             heading += ", standalone cluster (2 Workers)"
-        record_section(heading, f"`benchmarks/bench_spark_sink.py`, {stamp}\n\n{text}")
+        command = " ".join(["benchmarks/bench_spark_sink.py", *sys.argv[1:]])
+        record_section(heading, f"`{command}`, {stamp}\n\n{text}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 TWO_PC_CONFIG = "transaction.two.phase.commit.enable"
 ANCHOR_TOPIC_CONFIG = "kafka2pc.anchor.topic"
+DELIVERY_REPORTS_CONFIG = "kafka2pc.delivery.reports"
+"""``"all"`` (default) or ``"errors"``: which delivery reports reach Python (see :class:`TwoPhaseCommitProducer`)."""
 DEFAULT_ANCHOR_TOPIC = "kafka2pc-anchors"
 """Topic of the marker records that anchor offsets-only transactions (see :mod:`kafka2pc._state`)."""
 ANCHOR_TOPIC_PARTITIONS = 8
@@ -69,6 +71,8 @@ Without it librdkafka would wait until the broker returns, bounded only by
 to about 35 minutes), holding the caller's database transaction all that time.
 A call given ``timeout`` ends within it plus :data:`TIMEOUT_SLACK_S`.
 """
+PRODUCE_BATCH_SLICE = 10_000
+"""Records :meth:`TwoPhaseCommitProducer.produce_batch` hands to librdkafka per call (bounds its temporary lists)."""
 TIMEOUT_SLACK_S = 1.0
 """What a bounded call may overrun its ``timeout`` by: the request or poll in
 flight when the deadline passes (librdkafka and kafka-python check their
@@ -162,6 +166,20 @@ class TwoPhaseCommitProducer:
 
     Not thread-safe for concurrent transaction control; ``produce`` may be
     called from the thread that runs the transaction.
+
+    ``kafka2pc.delivery.reports`` (a kafka2pc setting in the same dict):
+    ``"all"`` (default) serves a delivery report per record, and the first
+    successful one anchors the prepared state for free.  ``"errors"`` serves
+    only failed deliveries (librdkafka's ``delivery.report.only.error``; a
+    success report is about a tenth of the CPU of a record sent with
+    :meth:`produce_batch`); ``prepare_transaction`` then asks the leaders of
+    the partitions the transaction wrote for its first offset
+    (DescribeProducers, one request per partition until one answers: partition
+    0 first, then, after a metadata request, the others of a topic written
+    without an explicit partition), which names the same transaction.  A
+    failed delivery fails the prepare in both modes; ``on_delivery`` callbacks
+    see only failures in ``"errors"`` mode.  Setting
+    ``delivery.report.only.error`` directly is refused.
     """
 
     def __init__(self, config: Mapping[str, Any], *, control_plane: ControlPlane | None = None) -> None:
@@ -178,6 +196,9 @@ class TwoPhaseCommitProducer:
             raise UsageError(f"{ANCHOR_TOPIC_CONFIG} must be a valid topic name, not {anchor_topic!r}")
         self._anchor_topic = anchor_topic
         self._anchor_topic_checked = False
+        reports = conf.pop(DELIVERY_REPORTS_CONFIG, "all")
+        if reports not in ("all", "errors"):
+            raise UsageError(f"{DELIVERY_REPORTS_CONFIG} must be 'all' or 'errors', not {reports!r}")
         if self._two_pc_requested and "transaction.timeout.ms" in conf:
             raise UsageError(
                 f"{TWO_PC_CONFIG}=true and transaction.timeout.ms cannot be set together (KIP-939)"
@@ -196,6 +217,20 @@ class TwoPhaseCommitProducer:
                     "(2**31 microseconds), where librdkafka's request timeouts wrap around and every "
                     "request times out at once; leave it unset to get the broker's maximum within that limit"
                 )
+        if "delivery.report.only.error" in conf and _as_bool(
+            conf["delivery.report.only.error"], "delivery.report.only.error"
+        ):
+            # The anchor of a prepared state is the first *successful* delivery report:
+            # without them every transaction would look empty, and completing its state
+            # would abort it.
+            raise UsageError(
+                "delivery.report.only.error=true is not supported: kafka2pc names each prepared transaction "
+                f"by the offset its first record was delivered at, which only a successful delivery report says "
+                f"(set {DELIVERY_REPORTS_CONFIG}=errors instead)"
+            )
+        self._errors_only = reports == "errors"
+        if self._errors_only:
+            conf["delivery.report.only.error"] = True
         _check_librdkafka_config(conf)
         self._config = conf
         self._ctrl = control_plane or ControlPlane(conf)
@@ -206,6 +241,8 @@ class TwoPhaseCommitProducer:
         self._epoch = -1
         self._ids_stale = True
         self._anchor: tuple[str, int, int] | None = None
+        self._written: dict[str, set[int] | None] = {}
+        """With ``kafka2pc.delivery.reports=errors``: topic -> the partitions written (``None``: any)."""
         self._offsets_sent = False
         self._marker_queued = False
         self._plain_init = False
@@ -273,6 +310,7 @@ class TwoPhaseCommitProducer:
         self._machine.check("begin_transaction")
         self._plain_init = False
         self._anchor = None
+        self._written = {}
         self._offsets_sent = False
         self._marker_queued = False
         self._delivery_error = None
@@ -297,12 +335,127 @@ class TwoPhaseCommitProducer:
                 self._plain_delivery_callback if user_cb is None else self._delivery_callback(user_cb)
             )
         producer = self._require_producer()
+        if self._errors_only:
+            self._note_written(topic, args[2] if len(args) >= 3 else kwargs.get("partition"))
         try:
             producer.produce(topic, *args, **kwargs)
         except BufferError as exc:
             raise QueueFullError(str(exc)) from exc
         except KafkaException as exc:
             raise self._failed("produce", exc) from exc
+
+    def produce_batch(
+        self,
+        topic: str,
+        values: Sequence[str | bytes | None],
+        keys: Sequence[str | bytes | None] | None = None,
+        *,
+        partition: int | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Send ``len(values)`` records to ``topic`` within the transaction, in order; return how many.
+
+        Record ``i`` has value ``values[i]`` and key ``keys[i]`` (no key when
+        ``keys`` is ``None``); all go to ``partition``, or where the
+        configured partitioner puts each key when it is ``None``.  Same
+        outcome as calling :meth:`produce` for each record, for about 40 %
+        less CPU per record: records are handed to librdkafka in slices
+        of :data:`PRODUCE_BATCH_SLICE` through confluent-kafka's
+        ``Producer.produce_batch`` (per-record :meth:`produce` calls on a
+        confluent-kafka without it).  Delivery reports are served as for
+        :meth:`produce` (by :meth:`poll`, :meth:`flush`,
+        :meth:`prepare_transaction`): the first one delivered anchors the
+        :class:`PreparedTxnState`, and a failed one fails the prepare.
+
+        No headers, timestamps or per-record partitions or callbacks: use
+        :meth:`produce` for those.  While librdkafka's local queue is full it
+        serves delivery reports and retries the records not queued yet, in
+        order, up to ``timeout`` seconds (default :data:`DEFAULT_TIMEOUT_S`);
+        then it raises :class:`QueueFullError`, whose ``queued`` says how many
+        records were queued (abort the transaction, or send the rest).  Any
+        other error raises the translated kafka2pc error, as :meth:`produce`.
+        """
+        self._machine.check("produce")
+        if keys is not None and len(keys) != len(values):
+            raise UsageError(f"produce_batch: {len(values)} values but {len(keys)} keys")
+        producer = self._require_producer()
+        if self._errors_only and values:
+            self._note_written(topic, partition)
+        batch = getattr(producer, "produce_batch", None)
+        deadline = _deadline_after(timeout)
+        callback = self._plain_delivery_callback
+        total = len(values)
+        queued = 0
+        for start in range(0, total, PRODUCE_BATCH_SLICE):
+            end = min(start + PRODUCE_BATCH_SLICE, total)
+            if batch is None:  # pragma: no cover - confluent-kafka without Producer.produce_batch
+                queued = self._produce_each(topic, values, keys, partition, start, end, deadline, queued)
+                continue
+            slice_values = values[start:end]
+            messages: list[dict[str, Any]]
+            if keys is None:
+                messages = [{"value": v} for v in slice_values]
+            else:
+                messages = [{"value": v, "key": k} for v, k in zip(slice_values, keys[start:end], strict=True)]
+            while True:
+                try:
+                    if partition is None:
+                        done = batch(topic, messages, on_delivery=callback)
+                    else:
+                        done = batch(topic, messages, partition, on_delivery=callback)
+                except KafkaException as exc:
+                    raise self._failed("produce_batch", exc) from exc
+                if done == len(messages):
+                    queued += done
+                    break
+                # librdkafka queues a prefix: after the first QUEUE_FULL every later record fails too.
+                failed = [m for m in messages if "_error" in m]
+                queued += len(messages) - len(failed)
+                error: KafkaError = failed[0]["_error"]
+                if error.code() != KafkaError._QUEUE_FULL:
+                    raise self._failed("produce_batch", KafkaException(error))
+                if time.monotonic() >= deadline:
+                    raise QueueFullError(
+                        f"produce_batch({topic!r}): the local queue stayed full; {queued} of {total} records "
+                        "were queued", queued=queued,
+                    )
+                for m in failed:
+                    del m["_error"]
+                messages = failed
+                self._call(lambda p: p.poll(0.01), "produce_batch")
+        return queued
+
+    def _note_written(self, topic: str, partition: int | None) -> None:
+        """Remember where the transaction wrote (``kafka2pc.delivery.reports=errors`` finds its anchor there)."""
+        known = self._written.get(topic, set())
+        if known is None:
+            return
+        if partition is None or partition < 0:
+            self._written[topic] = None
+        else:
+            known.add(partition)
+            self._written[topic] = known
+
+    def _produce_each(
+        self, topic: str, values: Sequence[str | bytes | None], keys: Sequence[str | bytes | None] | None,
+        partition: int | None, start: int, end: int, deadline: float, queued: int,
+    ) -> int:
+        """:meth:`produce_batch`'s path on a confluent-kafka without ``Producer.produce_batch``."""
+        extra: dict[str, Any] = {} if partition is None else {"partition": partition}
+        for i in range(start, end):
+            while True:
+                try:
+                    self.produce(topic, values[i], None if keys is None else keys[i], **extra)
+                    break
+                except QueueFullError:
+                    if time.monotonic() >= deadline:
+                        raise QueueFullError(
+                            f"produce_batch({topic!r}): the local queue stayed full; {queued} of "
+                            f"{len(values)} records were queued", queued=queued,
+                        ) from None
+                    self.poll(0.01)
+            queued += 1
+        return queued
 
     def poll(self, timeout: float = 0) -> int:
         """Serve delivery reports (as ``confluent_kafka.Producer.poll``).
@@ -363,6 +516,8 @@ class TwoPhaseCommitProducer:
         if self._ids_stale:
             with self._bounded(deadline, "prepare_transaction"):
                 self._refresh_ids()
+        if self._anchor is None and self._written:
+            self._anchor = self._find_anchor(deadline)
         anchor = self._anchor
         if anchor is None and self._offsets_sent:  # pragma: no cover - a delivered marker sets the anchor
             raise FatalError(f"prepare_transaction({self._transactional_id!r}): the marker record has no offset")
@@ -376,6 +531,57 @@ class TwoPhaseCommitProducer:
         self._machine.transition_to(TxnState.PREPARED)
         logger.debug("%s: prepared %s", self._transactional_id, state)
         return state
+
+    def _find_anchor(self, deadline: float) -> tuple[str, int, int]:
+        """The first offset of this transaction on a partition it wrote, asked of the partition leaders.
+
+        With ``kafka2pc.delivery.reports=errors`` no successful delivery report
+        says it.  After the flush every record is written; the leader of each
+        partition the transaction wrote reports its start offset there
+        (DescribeProducers' ``CurrentTxnStartOffset`` for this producer id and
+        epoch), which is exactly what the first delivery report would have
+        said.  One request per partition, in the order the transaction first
+        wrote each topic, until one answers.
+        """
+        op = "prepare_transaction"
+        for topic, partitions in self._written.items():
+            asked: set[int] = set()
+            if partitions is None:
+                # Partition 0 always exists and, for keyed records, was most likely written:
+                # ask it before spending a metadata request on the topic's partition count.
+                offset = self._txn_start_offset(TopicPartition(topic, 0), deadline)
+                if offset is not None:
+                    return topic, 0, offset
+                asked.add(0)
+                left = _left(deadline, op)
+                try:
+                    metadata = self._require_producer().list_topics(topic, timeout=left)
+                except KafkaException as exc:
+                    raise self._failed(op, exc) from exc
+                described = metadata.topics.get(topic)
+                partitions = set(described.partitions) if described is not None else set()
+            for partition in sorted(partitions - asked):
+                offset = self._txn_start_offset(TopicPartition(topic, partition), deadline)
+                if offset is not None:
+                    return topic, partition, offset
+        # Every record was delivered (no error report), yet no partition has the transaction open:
+        # another instance fenced this one, or it was aborted meanwhile.
+        error = AbortableError(
+            f"{op}({self._transactional_id!r}): no partition the transaction wrote has it open any more "
+            f"(producer {self._producer_id}, epoch {self._epoch}); it was aborted or fenced: abort and retry"
+        )
+        self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=error)
+        raise error
+
+    def _txn_start_offset(self, tp: TopicPartition, deadline: float) -> int | None:
+        """This producer's open transaction's first offset on ``tp`` (DescribeProducers), if it has one there."""
+        with self._bounded(deadline, "prepare_transaction"):
+            producers = self._ctrl.describe_producers(tp)
+        for p in producers:
+            mine = p.producer_id == self._producer_id and p.producer_epoch == self._epoch
+            if mine and p.current_txn_start_offset >= 0:
+                return p.current_txn_start_offset
+        return None
 
     def _flush_for_prepare(self, timeout: float) -> None:
         """Flush; raise the first delivery error (abortable or fatal), or RetriableError on timeout."""
@@ -403,6 +609,8 @@ class TwoPhaseCommitProducer:
         if not self._anchor_topic_checked:
             self._ensure_anchor_topic(deadline)
         producer = self._require_producer()
+        if self._errors_only:
+            self._note_written(self._anchor_topic, None)
         try:
             producer.produce(
                 self._anchor_topic, key=self._transactional_id.encode(), value=b"",
@@ -744,5 +952,15 @@ def _kafka_exception_in(exc: BaseException) -> KafkaException | None:
 
 
 class QueueFullError(RetriableError, BufferError):
-    """The producer's local queue is full: call ``poll()`` and retry (also a ``BufferError``)."""
+    """The producer's local queue is full: call ``poll()`` and retry (also a ``BufferError``).
+
+    ``queued`` is how many records of the call were queued before the queue
+    stayed full (:meth:`TwoPhaseCommitProducer.produce_batch`; 0 for ``produce``).
+    """
+
+    def __init__(
+        self, message: str, *, queued: int = 0, error_name: str | None = None, error_code: int | None = None
+    ) -> None:
+        super().__init__(message, error_name=error_name, error_code=error_code)
+        self.queued = queued
 

@@ -121,6 +121,8 @@ def _produce_one(producer: TwoPhaseCommitProducer, topic: str, **kwargs: Any) ->
 
 
 _known_topics: set[tuple[str, str]] = set()
+_QUEUE_FULL_TIMEOUT_S = 300.0
+"""How long a task waits for room in librdkafka's queue (the broker is slow or gone) before failing."""
 
 
 def require_topics(spec: WriterSpec, topics: Iterable[str | None]) -> None:
@@ -169,26 +171,14 @@ def produce_batch(producer: TwoPhaseCommitProducer, spec: WriterSpec, batch: pa.
         require_topics(spec, set(topics))
     partitions = batch.column(names.index("partition")).to_pylist() if "partition" in names else None
     headers = batch.column(names.index("headers")).to_pylist() if "headers" in names else None
-    produce = producer.produce
     if topics is None and partitions is None and headers is None:
-        # The common shapes get a loop without per-row dict building (the Python
-        # per-record cost is what limits this sink's throughput).
+        # The common shapes go to librdkafka in one call per Arrow batch: the
+        # Python per-record cost is what limits this sink's throughput.
         topic = spec.topic
         if topic is None:
             raise UsageError("no topic column and no topic option")
-        if keys is None:
-            for value in values:
-                try:
-                    produce(topic, value)
-                except QueueFullError:
-                    _produce_one(producer, topic, value=value)
-        else:
-            for value, key in zip(values, keys, strict=True):
-                try:
-                    produce(topic, value, key)
-                except QueueFullError:
-                    _produce_one(producer, topic, value=value, key=key)
-        return len(values)
+        return producer.produce_batch(topic, values, keys, timeout=_QUEUE_FULL_TIMEOUT_S)
+    produce = producer.produce
     for i, value in enumerate(values):
         kwargs: dict[str, Any] = {"value": value}
         if keys is not None and keys[i] is not None:
