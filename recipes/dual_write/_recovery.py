@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -67,8 +66,6 @@ class Recovering(WriterCore):
         return result
 
     def _recover_steps(self, acknowledge: bool) -> tuple[RecoveryResult, HeuristicOutcomeError | None]:
-        from kafka2pc import TwoPhaseCommitProducer
-
         store = self._store
         # 1. The claim, committed before Kafka is touched: from here on no older writer's
         #    database commit can succeed (its token is void), whatever dies when.
@@ -80,7 +77,7 @@ class Recovering(WriterCore):
         stored, token = claimed.state, claimed.token
         self._step(Step.RECOVERY_CLAIMED)
         # 2. Kafka: fence every older producer and settle the stored transaction.
-        producer = TwoPhaseCommitProducer(self._config)
+        producer = self._new_producer()
         try:
             self._kafka(lambda: producer.init_transactions(keep_prepared_txn=True))
             settlement, heuristic_error = self._complete(producer, state)
@@ -135,13 +132,14 @@ class Recovering(WriterCore):
                 self._kafka(lambda: producer.complete_transaction(state))
             except HeuristicOutcomeError as exc:
                 self._heuristics += 1
-                return Settlement(plan(producer.control_plane, self._tid, state), TransactionOutcome.ABORTED), exc
+                decided = self._blocking(lambda: plan(producer.control_plane, self._tid, state))
+                return Settlement(decided, TransactionOutcome.ABORTED), exc
             except IndefiniteOutcomeError:
                 if attempt == self._settle_attempts:
                     raise
                 logger.warning("%s: completing %s: outcome unknown, retrying (%d/%d)",
                                self._tid, state, attempt, self._settle_attempts)
-                time.sleep(min(0.2 * 2**attempt, 5.0))
+                self._pause(min(0.2 * 2**attempt, 5.0))
                 continue
             settled = producer.last_settlement
             if settled is None:

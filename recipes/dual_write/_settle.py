@@ -87,7 +87,7 @@ class Settling(Recovering):
             from kafka2pc._recovery import outcome_of
 
             self._to(WriterState.FENCED)
-            outcome = outcome_of(producer.control_plane, state)
+            outcome = self._blocking(lambda: outcome_of(producer.control_plane, state))
             if outcome is TransactionOutcome.COMMITTED:
                 logger.warning("%s: fenced during commit; the new owner committed %s", self._tid, state)
                 self._in_doubt = self._in_doubt_since = None
