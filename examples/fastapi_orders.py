@@ -54,13 +54,13 @@ from typing import Any
 import sqlalchemy as sa
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
+from kafka2pc.recipes.dual_write import state_table
+from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, recover_all
 from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from kafka2pc import Kafka2pcError
-from kafka2pc.recipes.dual_write import state_table
-from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, recover_all
 
 logger = logging.getLogger("fastapi_orders")
 
