@@ -13,7 +13,7 @@ the same way:
   coroutine of an :class:`~kafka2pc.aio.AsyncTwoPhaseCommitProducer` (its own
   thread, calls in order) to the loop;
 * a recovery plan or a transaction's outcome read from the control plane and
-  the topic check run in the writer's own helper thread (:class:`OffLoop`);
+  the topic check run in a short-lived thread each (:class:`OffLoop`);
 * the pause between two settlement attempts is an ``asyncio.sleep``.
 
 The recipe's Python code itself runs on the loop's thread between those
@@ -82,22 +82,22 @@ async def run_to_completion(fn: Callable[..., _T], *args: Any, **kwargs: Any) ->
 
 
 class OffLoop:
-    """The writer's helper thread, for the few blocking calls that are neither producer nor database calls."""
+    """A thread per call for the few blocking calls that are neither producer nor database calls.
+
+    They are rare (a topic's first metadata request, a recovery plan after a
+    heuristic outcome, a fenced commit's outcome): a short-lived thread each,
+    so that an idle writer holds no thread beyond its producer's.
+    """
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._executor: ThreadPoolExecutor | None = None
 
     def run(self, call: Callable[[], _T]) -> _T:
-        """Inside the recipe's greenlet: run ``call`` in the helper thread, the loop running meanwhile."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix=self._name)
-        return wait_for(asyncio.get_running_loop().run_in_executor(self._executor, call))
-
-    def close(self) -> None:
-        """Let the thread end once its call (if any) returned."""
-        executor, self._executor = self._executor, None
-        if executor is not None:
+        """Inside the recipe's greenlet: run ``call`` in a thread of its own, the loop running meanwhile."""
+        executor = ThreadPoolExecutor(1, thread_name_prefix=self._name)
+        try:
+            return wait_for(asyncio.get_running_loop().run_in_executor(executor, call))
+        finally:
             executor.shutdown(wait=False)
 
 

@@ -288,11 +288,8 @@ class AsyncDualWriter:
                 await run_to_completion(scope.__exit__, None, None, None)
 
     async def close(self) -> None:
-        """Release the producer and the helper thread.  A prepared transaction is left for the next :meth:`recover`."""
-        try:
-            await in_greenlet(self._sync.close)
-        finally:
-            self._sync._off_loop.close()
+        """Release the producer (and its thread).  A prepared transaction is left for the next :meth:`recover`."""
+        await in_greenlet(self._sync.close)
 
     async def __aenter__(self) -> Self:
         return self
