@@ -86,7 +86,7 @@ class Server:
         with open(self.log_path, "ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "uvicorn", "fastapi_orders:app", "--app-dir", str(EXAMPLES),
-                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
+                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "info", "--no-access-log",
                 env={**os.environ, **self.env}, stdout=log, stderr=log,
             )
         self.starts += 1
@@ -109,9 +109,14 @@ class Server:
     async def stop(self) -> None:
         """Graceful stop (SIGTERM): the lifespan closes the writers."""
         assert self.proc is not None
+        size = self.log_path.stat().st_size
         self.proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(self.proc.wait(), 60)
-        assert code == 0, self.log_tail()
+        # uvicorn re-raises the signal it shut down on (exit by SIGTERM) once the lifespan ended.
+        assert code in (0, -signal.SIGTERM), self.log_tail()
+        with open(self.log_path, "rb") as log:
+            log.seek(size)
+            assert b"Application shutdown complete" in log.read(), self.log_tail()
 
     def log_tail(self) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
