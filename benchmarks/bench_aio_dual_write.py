@@ -93,7 +93,10 @@ class Bench:
                             state_table=self.states)
             for i in range(max_writers)
         ]
-        self.loop.run_until_complete(asyncio.gather(*(w.recover() for w in self.async_writers)))
+        async def recover_all() -> None:
+            await asyncio.gather(*(w.recover() for w in self.async_writers))
+
+        self.loop.run_until_complete(recover_all())
 
     def sync_run(self, concurrency: int, writers: int, seconds: float, tag: str) -> tuple[float, int]:
         free: queue.Queue[DualWriter] = queue.Queue()
@@ -119,6 +122,7 @@ class Bench:
                 n += 1
             counts[index] = n
 
+        idle = _os_threads()
         threads = [threading.Thread(target=request_loop, args=(i,)) for i in range(concurrency)]
         for t in threads:
             t.start()
@@ -130,7 +134,7 @@ class Bench:
         stop.set()
         for t in threads:
             t.join()
-        return sum(counts) / (time.perf_counter() - start), peak[0]
+        return sum(counts) / (time.perf_counter() - start), peak[0] - idle
 
     def async_run(self, concurrency: int, writers: int, seconds: float, tag: str) -> tuple[float, int, float, float]:
         async def main() -> tuple[float, int, float, float]:
@@ -160,11 +164,12 @@ class Bench:
                 await asyncio.sleep(seconds / 2)
                 return _os_threads()
 
+            idle = _os_threads()
             async with LoopStallMonitor() as monitor:
                 start = time.perf_counter()
                 peak, *_ = await asyncio.gather(sample(), *(request_loop(i) for i in range(concurrency)))
                 elapsed = time.perf_counter() - start
-            return count / elapsed, peak, monitor.report.percentile(0.99), monitor.report.max_stall
+            return count / elapsed, peak - idle, monitor.report.percentile(0.99), monitor.report.max_stall
 
         return self.loop.run_until_complete(main())
 
@@ -187,7 +192,6 @@ def run(rounds: int, seconds: float, configs: list[tuple[int, int]]) -> list[dic
     results = []
     with fresh_database() as url:
         bench = Bench(url, bootstrap, max(w for _, w in configs), max(c for c, _ in configs))
-        idle_threads = _os_threads()
         try:
             for concurrency, writers in configs:
                 tag = f"{bench.run_id}-{concurrency}x{writers}"
@@ -217,8 +221,8 @@ def run(rounds: int, seconds: float, configs: list[tuple[int, int]]) -> list[dic
                     "concurrency": concurrency, "writers": writers,
                     "sync": statistics.median(sync_rates), "async": statistics.median(async_rates),
                     "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-                    "sync_threads": statistics.median(sync_threads) - idle_threads,
-                    "async_threads": statistics.median(async_threads) - idle_threads,
+                    "sync_threads": statistics.median(sync_threads),
+                    "async_threads": statistics.median(async_threads),
                     "p99_ms": statistics.median(p99s) * 1e3, "max_ms": max(maxima) * 1e3,
                 })
                 print(_table(results[-1:]).splitlines()[-1], flush=True)
@@ -254,9 +258,9 @@ def _record(results: list[dict[str, float]], rounds: int, seconds: float) -> Non
         f"(transactional ids) through a queue, on PostgreSQL. {rounds} interleaved rounds of {seconds:g} s per "
         "variant; txn/s are medians, ratios medians of per-round ratios. *Threads serving requests*: sync, one "
         "thread per concurrent request (the producer calls run in it); async, the loop's thread plus one thread "
-        "per writer's producer (`kafka2pc.aio`). *OS threads added* is measured: the process's threads during "
-        "the run beyond those it had idle (every writer of both variants, with its librdkafka threads and, "
-        "for async, its producer thread, exists throughout). Goal: async at least equal to sync, at a fraction "
+        "per writer's producer (`kafka2pc.aio`). *OS threads added* is measured: the process's threads in the "
+        "middle of a run minus those right before it (every writer of both variants, with its librdkafka threads "
+        "and, for async, its producer thread, exists throughout). Goal: async at least equal to sync, at a fraction "
         "of the threads.\n\n"
         f"{_table(results)}\n\n"
         f"Measured {when} on {platform.machine()}, {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} "
