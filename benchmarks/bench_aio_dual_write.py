@@ -98,7 +98,7 @@ class Bench:
 
         self.loop.run_until_complete(recover_all())
 
-    def sync_run(self, concurrency: int, writers: int, seconds: float, tag: str) -> tuple[float, int]:
+    def sync_run(self, concurrency: int, writers: int, seconds: float, tag: str, kafka: bool = True) -> tuple[float, int]:
         free: queue.Queue[DualWriter] = queue.Queue()
         for w in self.sync_writers[:writers]:
             free.put(w)
@@ -113,10 +113,15 @@ class Bench:
             while not stop.is_set():
                 writer = free.get()
                 try:
-                    with Session(self.engine) as session, writer.transaction(session) as tx:
-                        key = f"{tag}-{index}-{n}"
-                        session.execute(self.orders.insert().values(id=key, payload=PAYLOAD))
-                        tx.produce(self.topic, value=PAYLOAD, key=key)
+                    key = f"{tag}-{index}-{n}"
+                    if kafka:
+                        with Session(self.engine) as session, writer.transaction(session) as tx:
+                            session.execute(self.orders.insert().values(id=key, payload=PAYLOAD))
+                            tx.produce(self.topic, value=PAYLOAD, key=key)
+                    else:  # the database work alone, same shape: the reference for the driver's own cost
+                        with Session(self.engine) as session:
+                            session.execute(self.orders.insert().values(id=key, payload=PAYLOAD))
+                            session.commit()
                 finally:
                     free.put(writer)
                 n += 1
@@ -136,7 +141,9 @@ class Bench:
             t.join()
         return sum(counts) / (time.perf_counter() - start), peak[0] - idle
 
-    def async_run(self, concurrency: int, writers: int, seconds: float, tag: str) -> tuple[float, int, float, float]:
+    def async_run(
+        self, concurrency: int, writers: int, seconds: float, tag: str, kafka: bool = True
+    ) -> tuple[float, int, float, float]:
         async def main() -> tuple[float, int, float, float]:
             free: asyncio.Queue[AsyncDualWriter] = asyncio.Queue()
             for w in self.async_writers[:writers]:
@@ -151,10 +158,15 @@ class Bench:
                 while loop.time() < deadline:
                     writer = await free.get()
                     try:
-                        async with AsyncSession(self.async_engine) as session, writer.transaction(session) as tx:
-                            key = f"{tag}-{index}-{n}"
-                            await session.execute(self.orders.insert().values(id=key, payload=PAYLOAD))
-                            await tx.produce(self.topic, value=PAYLOAD, key=key)
+                        key = f"{tag}-{index}-{n}"
+                        if kafka:
+                            async with AsyncSession(self.async_engine) as session, writer.transaction(session) as tx:
+                                await session.execute(self.orders.insert().values(id=key, payload=PAYLOAD))
+                                await tx.produce(self.topic, value=PAYLOAD, key=key)
+                        else:
+                            async with AsyncSession(self.async_engine) as session:
+                                await session.execute(self.orders.insert().values(id=key, payload=PAYLOAD))
+                                await session.commit()
                     finally:
                         free.put_nowait(writer)
                     n += 1
@@ -197,8 +209,11 @@ def run(rounds: int, seconds: float, configs: list[tuple[int, int]]) -> list[dic
                 tag = f"{bench.run_id}-{concurrency}x{writers}"
                 bench.sync_run(concurrency, writers, 0.5, f"{tag}-warm-s")
                 bench.async_run(concurrency, writers, 0.5, f"{tag}-warm-a")
+                bench.sync_run(concurrency, writers, 0.5, f"{tag}-warm-sd", kafka=False)
+                bench.async_run(concurrency, writers, 0.5, f"{tag}-warm-ad", kafka=False)
                 sync_rates: list[float] = []
                 async_rates: list[float] = []
+                db_ratios: list[float] = []
                 sync_threads: list[int] = []
                 async_threads: list[int] = []
                 p99s: list[float] = []
@@ -216,11 +231,15 @@ def run(rounds: int, seconds: float, configs: list[tuple[int, int]]) -> list[dic
                             async_threads.append(threads)
                             p99s.append(p99)
                             maxima.append(worst)
+                    db_sync = bench.sync_run(concurrency, writers, seconds / 2, f"{tag}-{r}-sd", kafka=False)[0]
+                    db_async = bench.async_run(concurrency, writers, seconds / 2, f"{tag}-{r}-ad", kafka=False)[0]
+                    db_ratios.append(db_async / db_sync)
                 ratios = [a / s for a, s in zip(async_rates, sync_rates, strict=True)]
                 results.append({
                     "concurrency": concurrency, "writers": writers,
                     "sync": statistics.median(sync_rates), "async": statistics.median(async_rates),
                     "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                    "db_ratio": statistics.median(db_ratios),
                     "sync_threads": statistics.median(sync_threads),
                     "async_threads": statistics.median(async_threads),
                     "p99_ms": statistics.median(p99s) * 1e3, "max_ms": max(maxima) * 1e3,
@@ -234,14 +253,15 @@ def run(rounds: int, seconds: float, configs: list[tuple[int, int]]) -> list[dic
 def _table(results: list[dict[str, float]]) -> str:
     lines = [
         "| concurrent requests | writers | sync txn/s | async txn/s | async / sync | min..max "
+        "| database only: async / sync "
         "| threads serving requests, sync / async | OS threads added while running, sync / async "
         "| loop stall p99 / max, ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
             f"| {int(r['concurrency'])} | {int(r['writers'])} | {r['sync']:.0f} | {r['async']:.0f} "
-            f"| **{r['ratio']:.2f}x** | {r['ratio_min']:.2f}..{r['ratio_max']:.2f} "
+            f"| **{r['ratio']:.2f}x** | {r['ratio_min']:.2f}..{r['ratio_max']:.2f} | {r['db_ratio']:.2f}x "
             f"| {int(r['concurrency'])} / {1 + int(r['writers'])} "
             f"| {r['sync_threads']:.0f} / {r['async_threads']:.0f} | {r['p99_ms']:.1f} / {r['max_ms']:.1f} |"
         )
@@ -260,8 +280,11 @@ def _record(results: list[dict[str, float]], rounds: int, seconds: float) -> Non
         "thread per concurrent request (the producer calls run in it); async, the loop's thread plus one thread "
         "per writer's producer (`kafka2pc.aio`). *OS threads added* is measured: the process's threads in the "
         "middle of a run minus those right before it (every writer of both variants, with its librdkafka threads "
-        "and, for async, its producer thread, exists throughout). Goal: async at least equal to sync, at a fraction "
-        "of the threads.\n\n"
+        "and, for async, its producer thread, exists throughout). *Database only* runs the same requests "
+        "without Kafka and without the recipe (a Session, one INSERT, COMMIT; async: `AsyncSession` on psycopg's "
+        "async driver), interleaved in the same rounds (half as long): the cost of SQLAlchemy's asyncio extension "
+        "itself on this machine, the reference for what asyncio alone costs there. Goal: async at least equal to sync, at "
+        "a fraction of the threads.\n\n"
         f"{_table(results)}\n\n"
         f"Measured {when} on {platform.machine()}, {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} "
         f"at the end), Python {platform.python_version()}, local single-node Kafka and PostgreSQL on the same "

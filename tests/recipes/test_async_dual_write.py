@@ -450,3 +450,15 @@ def test_retained_records_keep_their_partition_and_recover_all_settles_many_ids(
     values = sorted(r.value.decode() for r in drain(env.bootstrap, topic) if r.value)
     assert values == sorted(f"{env.series}:shard-{i}" for i in range(3))
 
+
+
+def test_without_greenlet_the_import_names_the_aio_extra() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['greenlet'] = None\n"
+            "try:\n    import kafka2pc.recipes.dual_write.aio\n"
+            "except ImportError as exc:\n    print(type(exc).__name__, exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("MissingExtraError") and "pip install 'kafka2pc[aio]'" in out.stdout, out.stdout
