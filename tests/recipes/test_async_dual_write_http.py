@@ -129,13 +129,17 @@ async def drive(server: Server, kills: int, outcomes: Outcomes, rng: random.Rand
     committed: list[str] = []  # order ids that got a 201, re-sent as duplicates
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
 
+    sent = 0
+
     async def client_task(client: httpx.AsyncClient, worker: int) -> None:
+        nonlocal sent
         n = 0
         while not done.is_set():
             await up.wait()
             n += 1
+            sent += 1
             request_id = f"r{worker}-{n}-{uuid.uuid4().hex[:6]}"
-            if committed and n % 15 == 0:
+            if committed and sent % 15 == 0:
                 order_id = rng.choice(committed)
                 outcomes.duplicates.add(request_id)
             else:
