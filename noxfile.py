@@ -6,7 +6,7 @@ uses: ``$KAFKA2PC_PG_ADMIN_URL``, ``$KAFKA2PC_PORT_BASE``, ``$KAFKA_BOOTSTRAP_SE
 pass through):
 
 - core: crash recovery on every broker line, and the steady-state request count;
-- recipe: the dual-write tests and its crash matrix (SQLite);
+- recipe: the dual-write tests and its crash matrix (SQLite), the asyncio writer's normal path;
 - packaging: sdist -> wheel -> a clean virtualenv on that Python, no extras.
 
 The full suite runs on one Python (``./scripts/test.sh``).  Interpreters are
@@ -28,6 +28,7 @@ INTEGRATION_SUBSET = [
     "tests/core/test_steady_state.py",
     "tests/recipes/test_dual_write.py",
     "tests/recipes/test_dual_write_crash.py::test_crash_matrix[sqlite]",
+    "tests/recipes/test_async_dual_write.py::test_session_and_connection_commit_both_sides_through_the_same_steps",
     "tests/testing/test_packaging.py",
 ]
 

@@ -88,6 +88,10 @@ class Bound:
             self._rollback()
         finally:
             self._ours = False
+        if self.session and self.misuse is not None and not self.connection.closed:
+            # The guard interrupted the Session's own rollback or close half-way: the Session has
+            # let go of its connection without returning it to the pool.
+            self.connection.close()
 
     def misuse_error(self) -> TransactionMisuseError:
         """The error that tells what the application did."""
@@ -100,7 +104,8 @@ class Bound:
         )
 
     def _raw_rollback(self) -> None:
-        driver = self.connection.connection.driver_connection if not self.connection.closed else None
+        # The DBAPI connection (for an async driver, SQLAlchemy's sync adapter of it), not the driver's own.
+        driver = self.connection.connection.dbapi_connection if not self.connection.closed else None
         if driver is not None:
             try:
                 driver.rollback()

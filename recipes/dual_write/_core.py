@@ -86,6 +86,22 @@ class WriterCore:
         except Exception as exc:
             raise FatalError(f"{self._tid!r}: the producer failed: {exc!r}") from exc
 
+    # -- what the asyncio writer (recipes/dual_write/aio) answers differently -----------
+    def _new_producer(self) -> TwoPhaseCommitProducer:
+        """A new producer for this writer's transactional id (each recovery makes one)."""
+        from kafka2pc import TwoPhaseCommitProducer
+
+        return TwoPhaseCommitProducer(self._config)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` between two attempts."""
+        time.sleep(seconds)
+
+    def _blocking(self, call: Callable[[], _T]) -> _T:
+        """Run a call that waits on the network but on neither the producer nor the database (a
+        recovery plan, a transaction's outcome read from the control plane)."""
+        return call()
+
     def _produce(self, producer: TwoPhaseCommitProducer, topic: str, kwargs: dict[str, Any]) -> None:
         from kafka2pc import QueueFullError
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -78,8 +79,6 @@ class Recovering(WriterCore):
     def _recover_steps(
         self, acknowledge: bool, deadline: float | None
     ) -> tuple[RecoveryResult, HeuristicOutcomeError | None]:
-        from kafka2pc import TwoPhaseCommitProducer
-
         store = self._store
         # 1. The claim, committed before Kafka is touched: from here on no older writer's
         #    database commit can succeed (its token is void), whatever dies when.
@@ -91,7 +90,7 @@ class Recovering(WriterCore):
         stored, token = claimed.state, claimed.token
         self._step(Step.RECOVERY_CLAIMED)
         # 2. Kafka: fence every older producer and settle the stored transaction.
-        producer = TwoPhaseCommitProducer(self._config)
+        producer = self._new_producer()
         try:
             self._kafka(lambda: producer.init_transactions(seconds_left(deadline), keep_prepared_txn=True))
             settlement, heuristic_error = self._complete(producer, state, deadline)
@@ -147,7 +146,9 @@ class Recovering(WriterCore):
             except HeuristicOutcomeError as exc:
                 self._heuristics += 1
                 admin = TransactionAdmin(self._config, control_plane=producer.control_plane)
-                plan = admin.plan_recovery(self._tid, state, timeout=seconds_left(deadline))
+                plan = self._blocking(
+                    functools.partial(admin.plan_recovery, self._tid, state, timeout=seconds_left(deadline))
+                )
                 return Settlement(plan, TransactionOutcome.ABORTED), exc
             except IndefiniteOutcomeError:
                 pause = min(0.2 * 2**attempt, 5.0)
@@ -155,7 +156,7 @@ class Recovering(WriterCore):
                     raise
                 logger.warning("%s: completing %s: outcome unknown, retrying (%d/%d)",
                                self._tid, state, attempt, self._settle_attempts)
-                time.sleep(pause)
+                self._pause(pause)
                 continue
             settled = producer.last_settlement
             if settled is None:
