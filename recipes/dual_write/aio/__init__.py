@@ -24,7 +24,7 @@ tables) are the sync recipe's; import them from
 ``kafka2pc.recipes.dual_write``.  See ``docs/asyncio.md``.
 """
 
-from kafka2pc._extras import missing_extra
+from kafka2pc import missing_extra
 
 try:
     import importlib
