@@ -26,17 +26,12 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _dw_crash import Zygote, _append, _kill_self, items_table  # noqa: E402
+from _dw_crash import Zygote, _append, _kill_self, items_table, session_name  # noqa: E402
 
 
 def async_url(url: str) -> str:
     """The async driver's URL of a sync URL (psycopg serves both; SQLite through aiosqlite)."""
     return url.replace("sqlite://", "sqlite+aiosqlite://", 1) if url.startswith("sqlite") else url
-
-
-def session_name(job: dict[str, Any]) -> str:
-    """The ``application_name`` of a PostgreSQL child's database sessions."""
-    return f"k2pc-crash-{job['run']}-{job['tid']}"[:63]
 
 
 async def run_async_job(job: dict[str, Any]) -> None:
@@ -159,28 +154,6 @@ class AsyncZygote(Zygote):
         ready = self._read(timeout=60)
         if ready != "ready":
             raise RuntimeError(f"zygote did not start: {ready!r} (see {log_path})")
-
-    def run(self, job: dict[str, Any], timeout: float = 120.0) -> int:
-        """Run ``job`` in a fresh child; return its exit code once the database finished what the child sent.
-
-        A child killed right after it sent COMMIT leaves a PostgreSQL backend
-        that may still be committing: the database's outcome of the killed
-        transaction is only known once that backend ended (it does as soon as
-        it finished the COMMIT and found the connection closed).
-        """
-        code = super().run(job, timeout)
-        if job["db_url"].startswith("postgresql"):
-            import psycopg
-
-            url = sa.make_url(job["db_url"]).set(drivername="postgresql").render_as_string(hide_password=False)
-            deadline = time.monotonic() + 30
-            with psycopg.connect(url, autocommit=True) as conn:
-                while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                                   (session_name(job),)).fetchone() != (0,):
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"the database sessions of run {job['run']} did not end in 30 s")
-                    time.sleep(0.01)
-        return code
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--zygote"]:

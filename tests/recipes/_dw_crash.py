@@ -84,11 +84,20 @@ def _append(path: str, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def session_name(job: dict[str, Any]) -> str:
+    """The ``application_name`` of a PostgreSQL child's database sessions."""
+    return f"k2pc-crash-{job['run']}-{job['tid']}"[:63]
+
+
 def run_job(job: dict[str, Any]) -> None:
     """Run one crash job in this (forked) process; normally it ends with SIGKILL."""
     from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
 
-    connect_args = {"timeout": job["sqlite_timeout"]} if "sqlite_timeout" in job and job["db_url"].startswith("sqlite") else {}
+    connect_args: dict[str, Any] = (
+        {"timeout": job["sqlite_timeout"]} if "sqlite_timeout" in job and job["db_url"].startswith("sqlite") else {}
+    )
+    if job["db_url"].startswith("postgresql"):
+        connect_args["application_name"] = session_name(job)  # see Zygote.run
     engine = sa.create_engine(job["db_url"], poolclass=sa.pool.NullPool, connect_args=connect_args)
     metadata = sa.MetaData()
     states = state_table(metadata)
@@ -271,6 +280,19 @@ def zygote() -> None:
         out.flush()
 
 
+def _wait_for_sessions_to_end(job: dict[str, Any]) -> None:
+    import psycopg
+
+    url = sa.make_url(job["db_url"]).set(drivername="postgresql").render_as_string(hide_password=False)
+    deadline = time.monotonic() + 30
+    with psycopg.connect(url, autocommit=True) as conn:
+        while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                           (session_name(job),)).fetchone() != (0,):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the database sessions of run {job['run']} did not end in 30 s")
+            time.sleep(0.01)
+
+
 class Zygote:
     """The parent's handle on one zygote process."""
 
@@ -300,11 +322,20 @@ class Zygote:
         return result[0].strip()
 
     def run(self, job: dict[str, Any], timeout: float = 120.0) -> int:
-        """Run ``job`` in a fresh child; return its exit code (``-9`` when it killed itself)."""
+        """Run ``job`` in a fresh child; return its exit code (``-9`` when it killed itself).
+
+        Returns once the database finished what the child sent: a child killed
+        right after it sent COMMIT leaves a PostgreSQL backend that may still be
+        committing, and the database's outcome of the killed transaction is only
+        known once that backend ended (it does as soon as it finished the COMMIT
+        and found the connection closed).
+        """
         assert self._proc.stdin is not None
         self._proc.stdin.write(json.dumps(job) + "\n")
         self._proc.stdin.flush()
         answer = json.loads(self._read(timeout))
+        if job["db_url"].startswith("postgresql"):
+            _wait_for_sessions_to_end(job)
         return int(answer["exit"])
 
     def close(self) -> None:
