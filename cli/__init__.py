@@ -665,6 +665,10 @@ def abort_command(
 
 def _db_options(func: _F) -> _F:
     func = click.option(
+        "--transactional-id", "transactional_ids", multiple=True, metavar="ID",
+        help="Only this transactional id's row (repeatable); a named id without a row is an error.",
+    )(func)
+    func = click.option(
         "--table", default="kafka_transaction_state", show_default=True, metavar="NAME",
         help="The recipe's state table (schema.table allowed).",
     )(func)
@@ -682,8 +686,17 @@ def _fill_kafka_fields(entry: dict[str, Any], desc: TransactionDescription | Non
         )
 
 
-def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[dict[str, Any], ExitCode]:
-    """Plan (and with ``settle``, carry out) recovery for every row; the JSON report and the exit code."""
+_ENTRY_FIELDS = (
+    "transactional_id", "stored_state", "updated_at", "kafka_state", "producer_id", "producer_epoch",
+    "open_for_ms", "decision", "heuristic", "stored_outcome", "outcome", "reason", "error",
+)
+"""The fields of one entry of ``in-doubt`` / ``recover`` JSON output, in order."""
+
+
+def _report(
+    *, settle: bool, dry_run: bool, db_url: str, table: str, transactional_ids: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], ExitCode]:
+    """Plan (and with ``settle``, carry out) recovery for every row (or the named ids'); the report, the exit code."""
     settings = _settings()
     _configure_logging(settings.debug)
     from kafka2pc import IndefiniteOutcomeError, PreparedTxnState, TransactionOutcome, UsageError
@@ -692,6 +705,15 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
 
     rows: list[StoredState] = read_states(db_url, table, timeout_s=settings.timeout_s)
     entries: list[dict[str, Any]] = []
+    if transactional_ids:
+        wanted = set(transactional_ids)
+        rows = [row for row in rows if row.transactional_id in wanted]
+        found = {row.transactional_id for row in rows}
+        entries.extend(
+            {**dict.fromkeys(_ENTRY_FIELDS), "transactional_id": tid, "heuristic": False,
+             "error": f"no row for this transactional id in {table}"}
+            for tid in transactional_ids if tid not in found
+        )
     settled_states: dict[str, PreparedTxnState] = {}
     indefinite = False
     locks = RowLocks(db_url, table, timeout_s=settings.timeout_s) if settle and not dry_run else None
@@ -700,19 +722,11 @@ def _report(*, settle: bool, dry_run: bool, db_url: str, table: str) -> tuple[di
             cleanup.callback(locks.close)
         for row in rows:
             entry: dict[str, Any] = {
+                **dict.fromkeys(_ENTRY_FIELDS),
                 "transactional_id": row.transactional_id,
                 "stored_state": row.prepared_txn_state,
                 "updated_at": row.updated_at,
-                "kafka_state": None,
-                "producer_id": None,
-                "producer_epoch": None,
-                "open_for_ms": None,
-                "decision": None,
                 "heuristic": False,
-                "stored_outcome": None,
-                "outcome": None,
-                "reason": None,
-                "error": None,
             }
             entries.append(entry)
             try:
@@ -849,7 +863,7 @@ def _report_text(document: dict[str, Any], *, settled: bool) -> str:
 @_db_options
 @_output_option
 @_connection_options(group=False)
-def in_doubt_command(db_url: str, table: str, output: str) -> None:
+def in_doubt_command(db_url: str, table: str, transactional_ids: tuple[str, ...], output: str) -> None:
     """What is prepared, for how long, and what recovery would decide, per stored state of the dual write.
 
     Joins the state table with the coordinator's view: per transactional id
@@ -859,7 +873,9 @@ def in_doubt_command(db_url: str, table: str, output: str) -> None:
     transaction the database committed).  Changes nothing.  Exit code 3 if a
     heuristic outcome is found.
     """
-    document, code = _report(settle=False, dry_run=False, db_url=db_url, table=table)
+    document, code = _report(
+        settle=False, dry_run=False, db_url=db_url, table=table, transactional_ids=transactional_ids
+    )
     click.echo(dump_json(document) if output == "json" else _report_text(document, settled=False))
     if code is not ExitCode.OK:
         click.get_current_context().exit(int(code))
@@ -870,7 +886,9 @@ def in_doubt_command(db_url: str, table: str, output: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Only say what would be done (same as in-doubt).")
 @_output_option
 @_connection_options(group=False)
-def recover_command(db_url: str, table: str, dry_run: bool, output: str) -> None:
+def recover_command(
+    db_url: str, table: str, transactional_ids: tuple[str, ...], dry_run: bool, output: str
+) -> None:
     """Settle every prepared transaction stored by the dual-write recipe.
 
     Per row: commit the open transaction if it is the stored prepared one,
@@ -881,7 +899,9 @@ def recover_command(db_url: str, table: str, dry_run: bool, output: str) -> None
     over; no stored value changes.  Exit code 3 if a heuristic outcome is
     found, 9 if an outcome is not known yet (run again).
     """
-    document, code = _report(settle=True, dry_run=dry_run, db_url=db_url, table=table)
+    document, code = _report(
+        settle=True, dry_run=dry_run, db_url=db_url, table=table, transactional_ids=transactional_ids
+    )
     click.echo(dump_json(document) if output == "json" else _report_text(document, settled=not dry_run))
     if code is not ExitCode.OK:
         click.get_current_context().exit(int(code))

@@ -124,6 +124,7 @@ class PostgresStore:
         self.table = table
         # psycopg 3 with the simple query protocol sends two statements in one round trip.
         self.combined_commit = driver == "psycopg"
+        self._combined_template: str | None = None
 
     def _where(self, tid: str) -> sa.ColumnElement[bool]:
         return self.table.c.transactional_id == tid
@@ -194,20 +195,27 @@ class PostgresStore:
         driver = conn.connection.driver_connection
         if driver is None:
             raise IllegalStateError(f"{tid!r}: the database connection is closed")
-        t = self.table
-        name = sql.Identifier(t.schema, t.name) if t.schema else sql.Identifier(t.name)
-        statement = sql.SQL(
-            "WITH u AS (UPDATE {table} SET prepared_txn_state = {state}, updated_at = {now} "
-            "WHERE transactional_id = {tid} AND xmin = {token}::xid "
-            "AND prepared_txn_state IS NOT DISTINCT FROM {last}::text RETURNING xmin::text AS t) "
-            "SELECT CAST(COALESCE((SELECT t FROM u), {changed}) AS bigint); COMMIT"
-        ).format(
-            table=name, state=sql.Literal(state), now=sql.Literal(_utcnow()), tid=sql.Literal(tid),
-            token=sql.Literal(token), last=sql.Literal(last), changed=sql.Literal(_ROW_CHANGED),
+        if self._combined_template is None:  # the table's name quoted once; the values quoted per call
+            t = self.table
+            name = sql.Identifier(t.schema, t.name) if t.schema else sql.Identifier(t.name)
+            table = name.as_string(driver).replace("{", "{{").replace("}", "}}")
+            self._combined_template = (
+                f"WITH u AS (UPDATE {table} SET prepared_txn_state = {{state}}, updated_at = {{now}} "
+                "WHERE transactional_id = {tid} AND xmin = {token}::xid "
+                "AND prepared_txn_state IS NOT DISTINCT FROM {last}::text RETURNING xmin::text AS t) "
+                f"SELECT CAST(COALESCE((SELECT t FROM u), {sql.Literal(_ROW_CHANGED).as_string(driver)}) AS bigint); "
+                "COMMIT"
+            )
+
+        def quoted(value: object) -> str:
+            return sql.Literal(value).as_string(driver)
+
+        statement = self._combined_template.format(
+            state=quoted(state), now=quoted(_utcnow()), tid=quoted(tid), token=quoted(token), last=quoted(last)
         )
         try:
             new = conn.exec_driver_sql(
-                statement.as_string(driver), execution_options={"no_parameters": True}
+                statement, execution_options={"no_parameters": True}
             ).scalar_one()
         except sa.exc.DBAPIError as exc:
             if isinstance(exc.orig, psycopg.errors.InvalidTextRepresentation) and _ROW_CHANGED in str(exc.orig):

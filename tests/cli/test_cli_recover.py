@@ -172,3 +172,39 @@ def test_recover_waits_for_the_row_lock_a_live_writer_holds(
         assert [e["outcome"] for e in settled.json()["entries"]] == ["committed"]
     finally:
         engine.dispose()
+
+
+def test_recover_with_transactional_ids_settles_only_those_rows(
+    db_url: str,
+    kafka_bootstrap: str,
+    topic_factory: Callable[..., str],
+    killed_producer: Callable[..., Any],
+    kafka_cli: Callable[..., Any],
+) -> None:
+    """``--transactional-id`` (repeatable) limits in-doubt / recover to the named rows; an unknown id is an error."""
+    topic = topic_factory(partitions=2)
+    suffix = uuid.uuid4().hex[:8]
+    chosen, other, missing = f"cli-chosen-{suffix}", f"cli-other-{suffix}", f"cli-missing-{suffix}"
+    txns = killed_producer(topic, 2, ("prepared", chosen, 2), ("prepared", other, 3))
+    store(db_url, {chosen: txns[chosen].states[0], other: txns[other].states[0]})
+
+    in_doubt = kafka_cli("in-doubt", "--db-url", db_url, "--transactional-id", chosen, "-o", "json")
+    assert in_doubt.returncode == 0, in_doubt
+    assert [e["transactional_id"] for e in in_doubt.json()["entries"]] == [chosen]
+
+    recovered = kafka_cli("recover", "--db-url", db_url, "--transactional-id", chosen, "-o", "json")
+    assert recovered.returncode == 0, recovered
+    assert [(e["transactional_id"], e["decision"], e["outcome"]) for e in recovered.json()["entries"]] == [
+        (chosen, "commit", "committed")
+    ]
+    assert kafka_cli("describe", other, "-o", "json").json()["transaction"]["state"] == "Ongoing"  # untouched
+
+    unknown = kafka_cli("recover", "--db-url", db_url, "--transactional-id", other, "--transactional-id", missing,
+                        "-o", "json")
+    assert unknown.returncode == ExitCode.FAILURE, unknown
+    entries = {e["transactional_id"]: e for e in unknown.json()["entries"]}
+    assert entries[other]["decision"] == "commit" and entries[other]["outcome"] == "committed"
+    assert entries[missing]["decision"] is None and "no row" in entries[missing]["error"]
+    assert unknown.json()["summary"]["errors"] == 1
+    assert end_offsets(kafka_bootstrap, topic, "read_committed") == end_offsets(kafka_bootstrap, topic)
+    assert len(drain(kafka_bootstrap, topic, "read_committed")) == 5

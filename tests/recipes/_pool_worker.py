@@ -55,6 +55,7 @@ def main(job: dict[str, Any]) -> None:
     started = {"n": 0}
     lock = threading.Lock()
     fault = {"fired": False}
+    current = threading.local()
     rng = random.Random(job.get("seed", 0))
 
     def hook(step: Step) -> None:
@@ -84,7 +85,7 @@ def main(job: dict[str, Any]) -> None:
             if job.get("fault_delay_s"):
                 time.sleep(job["fault_delay_s"])  # e.g. let librdkafka send the records: the transaction is Ongoing
             _append(results, {"worker": job["worker"], "fault": key, "step": step.value, "pid": os.getpid(),
-                              "t": time.time()})
+                              "rid": getattr(current, "rid", None), "t": time.time()})
             os.kill(os.getpid(), signal.SIGKILL if key == "kill_at" else signal.SIGSTOP)
 
     pool = WriterPool(
@@ -101,6 +102,7 @@ def main(job: dict[str, Any]) -> None:
         limit = job.get("transactions")
         while not done.is_set() and (limit is None or n < limit):
             rid = f"{job['series']}:{job['worker']}:{t}:{n}"
+            current.rid = rid  # named in a fault record: the transaction the fault hit
             try:
                 with engine.connect() as conn, pool.transaction(conn) as tx:
                     tx.produce(job["topic"], value=rid.encode(), key=f"{job['worker']}:{t}".encode())

@@ -47,13 +47,17 @@ def async_url(url: str) -> str:
 
 def assert_loop_not_blocked(report: StallReport, label: str, *, stalled_fraction: float | None = None) -> None:
     """Under load (``stalled_fraction=None``) the loop is busy by design: bound the p99, print the max.
-    With the broker stopped it has nothing to do but wait: bound the max and the stalled fraction."""
+    With the broker stopped it has nothing to do but wait: bound the slowest callback, the ticks over the
+    bound and the stalled fraction."""
     print(f"\n{label}: {report.summary()}; {report.over(STALL_GOAL_S)} ticks over {STALL_GOAL_S * 1e3:.0f} ms")
     assert report.ticks > 0
     if stalled_fraction is None:
         assert report.percentile(0.99) < STALL_BOUND_S, f"{label}: {report.summary()}"
         return
-    assert report.max_stall < STALL_BOUND_S, f"{label}: {report.summary()}"
+    # No callback (a kafka2pc call among them) held the loop past the bound; one late tick is allowed for
+    # the whole process being descheduled on a loaded machine, which no callback caused.
+    assert not [c for c in report.slow_callbacks if c[0] >= STALL_BOUND_S], f"{label}: {report.summary()}"
+    assert report.over(STALL_BOUND_S) <= 1, f"{label}: {report.summary()}"
     assert report.stalled_fraction < stalled_fraction, f"{label}: {report.summary()}"
 
 
@@ -158,7 +162,7 @@ def test_the_writer_does_not_block_the_loop_with_the_broker_stopped(pg_url: str,
             except Kafka2pcError as exc:
                 outcomes[type(exc).__name__] += 1
 
-        async with LoopStallMonitor() as monitor:
+        async with LoopStallMonitor(capture_slow_callbacks=True, threshold=STALL_GOAL_S) as monitor:
             start = time.monotonic()
             await asyncio.gather(*(request_task(n) for n in range(16)))
             elapsed = time.monotonic() - start

@@ -394,7 +394,7 @@ def test_a_takeover_after_the_prepare_is_caught_by_the_guarded_state_update(
                 proc = subprocess.run(
                     [str(Path(sys.executable).parent / "kafka2pc"), "--bootstrap-server", env.bootstrap,
                      "recover", "--db-url", env.engine.url.render_as_string(hide_password=False),
-                     "--output", "json"],
+                     "--transactional-id", first.transactional_id, "--output", "json"],
                     capture_output=True, text=True, timeout=120,
                 )
                 assert proc.returncode == 0, proc.stderr

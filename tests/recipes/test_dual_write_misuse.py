@@ -277,6 +277,8 @@ def test_a_malformed_stored_state_names_the_transactional_id(env: Env) -> None:
     with pytest.raises(InvalidPreparedStateError, match=writer.transactional_id):
         writer.recover()
     writer.close()
+    with env.engine.begin() as conn:  # an operator's repair; the database is shared by the session's tests
+        conn.execute(sa.delete(env.states).where(env.states.c.transactional_id == writer.transactional_id))
 
 
 def test_a_writer_taken_over_between_transactions_sees_producer_fenced(env: Env) -> None:
