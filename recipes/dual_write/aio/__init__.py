@@ -34,6 +34,7 @@ try:
 except ImportError as exc:
     raise missing_extra(exc, extra="aio", feature="kafka2pc.recipes.dual_write.aio") from exc
 
+from ._pool import AsyncWriterPool
 from ._writer import AsyncBind, AsyncDualWriter, AsyncDualWriteTransaction, recover_all
 
-__all__ = ["AsyncBind", "AsyncDualWriteTransaction", "AsyncDualWriter", "recover_all"]
+__all__ = ["AsyncBind", "AsyncDualWriteTransaction", "AsyncDualWriter", "AsyncWriterPool", "recover_all"]
