@@ -21,7 +21,10 @@ bridge), with an :class:`~kafka2pc.aio.AsyncTwoPhaseCommitProducer` for Kafka.
 The value types (:class:`~kafka2pc.recipes.dual_write.Step`,
 :class:`~kafka2pc.recipes.dual_write.RecoveryResult`, the errors, the
 tables) are the sync recipe's; import them from
-``kafka2pc.recipes.dual_write``.  See ``docs/asyncio.md``.
+``kafka2pc.recipes.dual_write``.  :class:`AsyncWriterPool` is
+:class:`~kafka2pc.recipes.dual_write.WriterPool` on the event loop the same
+way: leased transactional ids, one slot per concurrent transaction, orphans
+of dead instances settled.  See ``docs/asyncio.md``.
 """
 
 from kafka2pc import missing_extra

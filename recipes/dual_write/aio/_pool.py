@@ -193,7 +193,11 @@ class _LoopPool(WriterPool):
             for i, lease in todo:  # the settlers share one iterator: each lease is settled once
                 found[i] = await in_greenlet(self._settle_one, lease, admins)
 
-        wait_for(asyncio.gather(*(settler() for _ in range(min(self._settle_parallelism, len(leases))))))
+        n = min(self._settle_parallelism, len(leases))
+        errors = wait_for(asyncio.gather(*(settler() for _ in range(n)), return_exceptions=True))
+        for error in errors:  # as the sync pool's executor: every settler ends, then the first error is raised
+            if isinstance(error, BaseException):
+                raise error
         return found
 
 
@@ -351,7 +355,7 @@ class AsyncWriterPool:
         Starts the pool first if :meth:`start` was not called.
         """
         target = _sync_target(bind)
-        if not self._sync._started:
+        if not self._sync._started and not self._sync._closed:
             await self.start()
         async with run_scope(self._sync.transaction(target)) as handle:
             yield AsyncDualWriteTransaction(handle)
