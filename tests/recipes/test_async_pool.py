@@ -156,6 +156,53 @@ def test_many_tasks_share_bounded_reused_slots(db_url: str, kafka_bootstrap: str
     sync_engine.dispose()
 
 
+def test_sync_and_async_instances_share_one_prefix(pg_url: str, kafka_bootstrap: str) -> None:
+    """A WriterPool (threads) and an AsyncWriterPool lease distinct ids of one set at once; I1-I5 hold."""
+    import threading
+
+    from kafka2pc.recipes.dual_write import WriterPool
+
+    sync_engine = _setup(pg_url)
+    topic = create_topic(kafka_bootstrap)
+    prefix = _prefix("mixed")
+    config = {"bootstrap.servers": kafka_bootstrap}
+    sync_pool = WriterPool(sync_engine, config, prefix=prefix, size=4, max_slots=2, lease_s=5)
+    items = items_table(sa.MetaData())
+    errors: list[BaseException] = []
+
+    def sync_writes(t: int) -> None:
+        try:
+            for n in range(5):
+                rid = f"{prefix}:s{t}:{n}"
+                with sync_engine.connect() as conn, sync_pool.transaction(conn) as tx:
+                    conn.execute(items.insert().values(id=rid, series=prefix))
+                    tx.produce(topic, value=rid.encode())
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        engine = _async_engine(pg_url)
+        async with AsyncWriterPool(engine, config, prefix=prefix, size=4, max_slots=2, lease_s=5) as pool:
+            threads = [threading.Thread(target=sync_writes, args=(t,)) for t in range(2)]
+            for thread in threads:
+                thread.start()
+            await asyncio.gather(*(_write(pool, engine, topic, f"{prefix}:a{t}:{n}")
+                                   for t in range(2) for n in range(5)))
+            await asyncio.to_thread(lambda: [thread.join() for thread in threads])
+            held = (pool.held_ids, sync_pool.held_ids)
+        await engine.dispose()
+        return held
+
+    async_held, sync_held = asyncio.run(scenario())
+    sync_pool.close()
+    assert not errors, errors
+    assert async_held and sync_held and not set(async_held) & set(sync_held)  # one id, one owner
+    rows, records, problems = check_consistency(sync_engine, kafka_bootstrap, topic, prefix)
+    assert not problems, problems
+    assert rows == records == 20
+    sync_engine.dispose()
+
+
 # -- a killed instance -------------------------------------------------------------------------------
 def _run_child(tmp_path: Path, job: dict[str, Any]) -> list[dict[str, Any]]:
     results = tmp_path / f"{job['prefix']}.jsonl"
@@ -172,16 +219,33 @@ def _lease_rows(engine: sa.Engine, prefix: str) -> list[sa.Row[Any]]:
                                  .where(t.c.pool == prefix)).all())
 
 
+KILL_STEPS = ["db_committed", "prepared", "state_stored", "produced", "kafka_committed"]
+KILLS = int(os.environ.get("KAFKA2PC_ASYNC_POOL_KILLS", "1"))
+"""Instances killed by the kill -9 test, each at the next of ``KILL_STEPS`` (CI: 1, at ``db_committed``)."""
+
+
 def test_orphans_of_an_instance_killed_with_kill_9_are_settled_by_another_async_pool(
     pg_url: str, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """4 tasks hold 4 leases; kill -9 when one is past its database COMMIT; another pool settles all."""
+    """4 tasks hold 4 leases; kill -9 when one is at a step (first: past its database COMMIT); another pool
+    settles them all within about lease_s + scan_every_s, committing exactly what the database committed."""
     sync_engine = _setup(pg_url)
+    lease_s, scan_s = 2.0, 0.5
+    timings = []
+    for kill in range(KILLS):
+        step = KILL_STEPS[kill % len(KILL_STEPS)]
+        timings.append(_kill_and_settle(sync_engine, pg_url, kafka_bootstrap, tmp_path, step, lease_s, scan_s))
+    print(f"\n{KILLS} kill -9 runs (lease_s={lease_s}, scan_every_s={scan_s}): orphans settled "
+          + ", ".join(f"{n} at {step} in {t:.2f} s" for step, n, t in timings) + " after the kill")
+    sync_engine.dispose()
+
+
+def _kill_and_settle(sync_engine: sa.Engine, pg_url: str, kafka_bootstrap: str, tmp_path: Path, step: str,
+                     lease_s: float, scan_s: float) -> tuple[str, int, float]:
     topic = create_topic(kafka_bootstrap)
     prefix = _prefix("kill")
-    lease_s, scan_s = 2.0, 0.5
     lines = _run_child(tmp_path, {"db_url": pg_url, "bootstrap": kafka_bootstrap, "topic": topic, "prefix": prefix,
-                                  "size": 6, "tasks": 4, "lease_s": lease_s, "kill_at": "db_committed", "after": 8})
+                                  "size": 6, "tasks": 4, "lease_s": lease_s, "kill_at": step, "after": 8})
     killed_at = time.monotonic()
     owner = next(e["owner"] for e in lines if "owner" in e)
     ok = [e["ok"] for e in lines if "ok" in e]
@@ -211,13 +275,11 @@ def test_orphans_of_an_instance_killed_with_kill_9_are_settled_by_another_async_
     assert metrics.orphan_recovery_errors == 0
     assert settled_after < lease_s + scan_s + 8, settled_after
     rows, records, problems = check_consistency(sync_engine, kafka_bootstrap, topic, prefix)
-    assert not problems, problems
-    # Every acknowledged transaction is there, plus the one killed after its database COMMIT (recovery committed it).
-    assert set(ok) <= {r for r in _rows(sync_engine, prefix)}
-    assert rows == records >= len(ok) + 1 + 1
-    print(f"\n{len(dead)} orphans of a kill -9 settled {settled_after:.2f} s after the kill "
-          f"(lease_s={lease_s}, scan_every_s={scan_s})")
-    sync_engine.dispose()
+    assert not problems, (step, problems)
+    # Every acknowledged transaction is there (and the one killed past its database COMMIT: recovery committed it).
+    assert set(ok) <= set(_rows(sync_engine, prefix))
+    assert rows == records >= len(ok) + 1 + (step in ("db_committed", "kafka_committed"))
+    return step, len(dead), settled_after
 
 
 def _rows(engine: sa.Engine, series: str) -> list[str]:
