@@ -156,6 +156,51 @@ def test_many_tasks_share_bounded_reused_slots(db_url: str, kafka_bootstrap: str
     sync_engine.dispose()
 
 
+def test_a_task_cancelled_while_waiting_for_a_slot_leaves_nothing_held(pg_url: str, kafka_bootstrap: str) -> None:
+    """One slot: a second task waits for it and is cancelled; once the first ends the slot is free again."""
+    sync_engine = _setup(pg_url)
+    topic = create_topic(kafka_bootstrap)
+    prefix = _prefix("cancel")
+
+    async def scenario() -> Any:
+        engine = _async_engine(pg_url)
+        async with AsyncWriterPool(engine, {"bootstrap.servers": kafka_bootstrap}, prefix=prefix, size=1,
+                                   lease_s=5) as pool:
+            release = asyncio.Event()
+
+            async def holder() -> None:
+                items = items_table(sa.MetaData())
+                async with engine.connect() as conn, pool.transaction(conn) as tx:
+                    await conn.execute(items.insert().values(id=f"{prefix}:held", series=prefix))
+                    await tx.produce(topic, value=f"{prefix}:held".encode())
+                    await release.wait()
+
+            first = asyncio.ensure_future(holder())
+            while pool.metrics().slots_busy == 0:
+                await asyncio.sleep(0.01)
+            waiting = asyncio.ensure_future(_write(pool, engine, topic, f"{prefix}:cancelled"))
+            await asyncio.sleep(0.3)  # waiting for the only slot
+            waiting.cancel()
+            release.set()
+            await first
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            assert pool.metrics().slots_busy == 0
+            await asyncio.wait_for(_write(pool, engine, topic, f"{prefix}:next"), 10)  # the slot was given back
+            metrics = pool.metrics()
+        await engine.dispose()
+        return metrics
+
+    metrics = asyncio.run(scenario())
+    assert metrics.transactions.transactions_committed == 2
+    assert metrics.transactions.transactions_rolled_back == 1  # the cancelled task's, entered after it was cancelled
+    assert sorted(_rows(sync_engine, prefix)) == [f"{prefix}:held", f"{prefix}:next"]
+    rows, records, problems = check_consistency(sync_engine, kafka_bootstrap, topic, prefix)
+    assert not problems, problems
+    assert rows == records == 2
+    sync_engine.dispose()
+
+
 def test_sync_and_async_instances_share_one_prefix(pg_url: str, kafka_bootstrap: str) -> None:
     """A WriterPool (threads) and an AsyncWriterPool lease distinct ids of one set at once; I1-I5 hold."""
     import threading

@@ -308,9 +308,25 @@ async def run_scope(scope: AbstractContextManager[DualWriteTransaction]) -> Asyn
 
     Entering and exiting run to completion whatever happens to the caller's
     task (see :func:`run_to_completion`); an exception of the block goes to
-    the scope, which rolls back both sides and re-raises it.
+    the scope, which rolls back both sides and re-raises it.  A caller
+    cancelled while the scope was being entered (waiting for a pool's slot,
+    say) gets its :class:`asyncio.CancelledError` once the entry ended, after
+    the scope was left the same way: nothing entered stays held.
     """
-    handle = await run_to_completion(scope.__enter__)
+    entered = False
+
+    def enter() -> DualWriteTransaction:
+        nonlocal entered
+        handle = scope.__enter__()
+        entered = True
+        return handle
+
+    try:
+        handle = await run_to_completion(enter)
+    except BaseException as exc:
+        if entered:  # the caller was cancelled while the scope was entered: leave it (rolls back both sides)
+            await run_to_completion(scope.__exit__, type(exc), exc, exc.__traceback__)
+        raise
     try:
         yield handle
     except BaseException as exc:
