@@ -242,12 +242,12 @@ class WriterPool:
             "on_step": on_step,
         }
         self._book = LeaseBook(engine, self._lease_table, prefix, self._owner, self._lease_s)
-        self._cond = threading.Condition()
+        self._cond = self._new_condition()
         self._slots: list[_Slot] = []
         self._acquiring = 0
         self._counters = _Counters()
         self._renewed_at = time.monotonic()
-        self._stop = threading.Event()
+        self._stop = self._new_event()
         self._threads: list[threading.Thread] = []
         self._started = False
         self._closed = False
@@ -331,10 +331,7 @@ class WriterPool:
         self._book.ensure(self._size)
         self._started = True
         self._renewed_at = time.monotonic()
-        for name, loop in (("renew", self._renew_loop), ("orphans", self._orphan_loop)):
-            thread = threading.Thread(target=loop, name=f"k2pc-pool-{name}-{self._prefix}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._start_background()
 
     def close(self, timeout: float = 30.0) -> None:
         """Drain the pipelined commits, then give the leases back.
@@ -356,8 +353,7 @@ class WriterPool:
                 self._cond.wait(max(0.0, deadline - time.monotonic()))
             slots, self._slots = self._slots, []
             self._cond.notify_all()
-        for thread in self._threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._join_background(deadline)
         if self._pipeline is not None:
             self._pipeline.close()
         self._retire(slots)
@@ -439,17 +435,20 @@ class WriterPool:
         if not leases or self._closed:
             return []
         random.shuffle(leases)  # instances scanning at once start on different ids
-        admins = _Admins(self._config)
+        admins = self._new_admins()
         try:
-            if len(leases) == 1 or self._settle_parallelism == 1:
-                found = [self._settle_one(lease, admins) for lease in leases]
-            else:
-                with ThreadPoolExecutor(min(self._settle_parallelism, len(leases)),
-                                        thread_name_prefix="k2pc-pool-settle") as executor:
-                    found = list(executor.map(lambda lease: self._settle_one(lease, admins), leases))
+            found = self._settle_each(leases, admins)
         finally:
             admins.close()
         return [r for r in found if r is not None]
+
+    def _settle_each(self, leases: list[Lease], admins: _Admins) -> list[RecoveryResult | None]:
+        """:meth:`_settle_one` for every lease, ``settle_parallelism`` at a time."""
+        if len(leases) == 1 or self._settle_parallelism == 1:
+            return [self._settle_one(lease, admins) for lease in leases]
+        with ThreadPoolExecutor(min(self._settle_parallelism, len(leases)),
+                                thread_name_prefix="k2pc-pool-settle") as executor:
+            return list(executor.map(lambda lease: self._settle_one(lease, admins), leases))
 
     def _settle_one(self, lease: Lease, admins: _Admins | None = None) -> RecoveryResult | None:
         claimed = self._book.claim(lease)
@@ -653,6 +652,31 @@ class WriterPool:
             self._book.expire(expire)
         except sa.exc.SQLAlchemyError as exc:
             logger.warning("pool %r: could not give leases back (they expire by themselves): %s", self._prefix, exc)
+
+    # -- what the asyncio pool (recipes/dual_write/aio) answers differently ---------------
+    def _new_condition(self) -> threading.Condition:
+        """The condition guarding the slots (held only for in-memory work; waited on for a free slot)."""
+        return threading.Condition()
+
+    def _new_event(self) -> threading.Event:
+        """The stop signal of the background loops (their pause between two rounds is its ``wait``)."""
+        return threading.Event()
+
+    def _new_admins(self) -> _Admins:
+        """The admins one orphan scan settles ids through (closed at the end of the scan)."""
+        return _Admins(self._config)
+
+    def _start_background(self) -> None:
+        """Start :meth:`_renew_loop` and :meth:`_orphan_loop` (a thread each)."""
+        for name, loop in (("renew", self._renew_loop), ("orphans", self._orphan_loop)):
+            thread = threading.Thread(target=loop, name=f"k2pc-pool-{name}-{self._prefix}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _join_background(self, deadline: float) -> None:
+        """Wait (until ``deadline``, a ``time.monotonic()`` value) for the background loops to end."""
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # -- background ----------------------------------------------------------------------
     def _renew(self) -> None:

@@ -21,7 +21,10 @@ bridge), with an :class:`~kafka2pc.aio.AsyncTwoPhaseCommitProducer` for Kafka.
 The value types (:class:`~kafka2pc.recipes.dual_write.Step`,
 :class:`~kafka2pc.recipes.dual_write.RecoveryResult`, the errors, the
 tables) are the sync recipe's; import them from
-``kafka2pc.recipes.dual_write``.  See ``docs/asyncio.md``.
+``kafka2pc.recipes.dual_write``.  :class:`AsyncWriterPool` is
+:class:`~kafka2pc.recipes.dual_write.WriterPool` on the event loop the same
+way: leased transactional ids, one slot per concurrent transaction, orphans
+of dead instances settled.  See ``docs/asyncio.md``.
 """
 
 from kafka2pc import missing_extra
@@ -34,6 +37,7 @@ try:
 except ImportError as exc:
     raise missing_extra(exc, extra="aio", feature="kafka2pc.recipes.dual_write.aio") from exc
 
+from ._pool import AsyncWriterPool
 from ._writer import AsyncBind, AsyncDualWriter, AsyncDualWriteTransaction, recover_all
 
-__all__ = ["AsyncBind", "AsyncDualWriteTransaction", "AsyncDualWriter", "recover_all"]
+__all__ = ["AsyncBind", "AsyncDualWriteTransaction", "AsyncDualWriter", "AsyncWriterPool", "recover_all"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import sqlalchemy as sa
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from kafka2pc import TwoPhaseCommitProducer
 
-__all__ = ["AsyncBind", "AsyncDualWriteTransaction", "AsyncDualWriter", "recover_all"]
+__all__ = ["AsyncBind", "AsyncDualWriteTransaction", "AsyncDualWriter", "recover_all", "run_scope"]
 
 logger = logging.getLogger(__name__)
 
@@ -276,16 +276,8 @@ class AsyncDualWriter:
                     await tx.produce("orders", key=b"42", value=b"created")
         """
         target = _sync_target(bind)
-        async with self._exclusive():
-            scope = self._sync.transaction(target)
-            handle = await run_to_completion(scope.__enter__)
-            try:
-                yield AsyncDualWriteTransaction(handle)
-            except BaseException as exc:
-                if not await run_to_completion(scope.__exit__, type(exc), exc, exc.__traceback__):
-                    raise
-            else:
-                await run_to_completion(scope.__exit__, None, None, None)
+        async with self._exclusive(), run_scope(self._sync.transaction(target)) as handle:
+            yield AsyncDualWriteTransaction(handle)
 
     async def close(self) -> None:
         """Release the producer (and its thread).  A prepared transaction is left for the next :meth:`recover`."""
@@ -310,6 +302,40 @@ class AsyncDualWriter:
                 self._holder = None
 
 
+@asynccontextmanager
+async def run_scope(scope: AbstractContextManager[DualWriteTransaction]) -> AsyncIterator[DualWriteTransaction]:
+    """The sync recipe's transaction scope (a writer's or a pool's), entered and exited in the greenlet bridge.
+
+    Entering and exiting run to completion whatever happens to the caller's
+    task (see :func:`run_to_completion`); an exception of the block goes to
+    the scope, which rolls back both sides and re-raises it.  A caller
+    cancelled while the scope was being entered (waiting for a pool's slot,
+    say) gets its :class:`asyncio.CancelledError` once the entry ended, after
+    the scope was left the same way: nothing entered stays held.
+    """
+    entered = False
+
+    def enter() -> DualWriteTransaction:
+        nonlocal entered
+        handle = scope.__enter__()
+        entered = True
+        return handle
+
+    try:
+        handle = await run_to_completion(enter)
+    except BaseException as exc:
+        if entered:  # the caller was cancelled while the scope was entered: leave it (rolls back both sides)
+            await run_to_completion(scope.__exit__, type(exc), exc, exc.__traceback__)
+        raise
+    try:
+        yield handle
+    except BaseException as exc:
+        if not await run_to_completion(scope.__exit__, type(exc), exc, exc.__traceback__):
+            raise
+    else:
+        await run_to_completion(scope.__exit__, None, None, None)
+
+
 def _sync_target(bind: AsyncBind) -> Session | sa.Connection:
     if isinstance(bind, AsyncSession):
         return bind.sync_session
@@ -318,7 +344,7 @@ def _sync_target(bind: AsyncBind) -> Session | sa.Connection:
             raise UsageError("the AsyncConnection is not started: use `async with engine.connect() as conn`")
         return bind.sync_connection
     raise UsageError(
-        f"AsyncDualWriter.transaction() takes an AsyncSession or an AsyncConnection, not {type(bind).__name__}"
+        f"transaction() takes an AsyncSession or an AsyncConnection, not {type(bind).__name__}"
     )
 
 
