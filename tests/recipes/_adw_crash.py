@@ -41,7 +41,7 @@ async def run_async_job(job: dict[str, Any]) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
     # On PostgreSQL the sessions carry the run's name, so that the parent can wait for them to end.
-    connect_args = {"application_name": session_name(job)} if job["db_url"].startswith("postgresql") else {}
+    connect_args = {"application_name": session_name(os.getpid())} if job["db_url"].startswith("postgresql") else {}
     engine = create_async_engine(async_url(job["db_url"]), poolclass=sa.pool.NullPool, connect_args=connect_args)
     metadata = sa.MetaData()
     states, items = state_table(metadata), items_table(metadata)

@@ -84,9 +84,13 @@ def _append(path: str, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def session_name(job: dict[str, Any]) -> str:
-    """The ``application_name`` of a PostgreSQL child's database sessions."""
-    return f"k2pc-crash-{job['run']}-{job['tid']}"[:63]
+def session_name(pid: int) -> str:
+    """The ``application_name`` of the database sessions of the PostgreSQL child with process id ``pid``.
+
+    By process, not by job: two children of one run (a writer stopped with
+    SIGSTOP and the recovery that takes over from it) must not wait on each other.
+    """
+    return f"k2pc-crash-{pid}"
 
 
 def run_job(job: dict[str, Any]) -> None:
@@ -97,7 +101,7 @@ def run_job(job: dict[str, Any]) -> None:
         {"timeout": job["sqlite_timeout"]} if "sqlite_timeout" in job and job["db_url"].startswith("sqlite") else {}
     )
     if job["db_url"].startswith("postgresql"):
-        connect_args["application_name"] = session_name(job)  # see Zygote.run
+        connect_args["application_name"] = session_name(os.getpid())  # see Zygote.run
     engine = sa.create_engine(job["db_url"], poolclass=sa.pool.NullPool, connect_args=connect_args)
     metadata = sa.MetaData()
     states = state_table(metadata)
@@ -280,14 +284,14 @@ def zygote() -> None:
         out.flush()
 
 
-def _wait_for_sessions_to_end(job: dict[str, Any]) -> None:
+def _wait_for_sessions_to_end(job: dict[str, Any], pid: int) -> None:
     import psycopg
 
     url = sa.make_url(job["db_url"]).set(drivername="postgresql").render_as_string(hide_password=False)
     deadline = time.monotonic() + 30
     with psycopg.connect(url, autocommit=True) as conn:
         while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                           (session_name(job),)).fetchone() != (0,):
+                           (session_name(pid),)).fetchone() != (0,):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the database sessions of run {job['run']} did not end in 30 s")
             time.sleep(0.01)
@@ -335,7 +339,7 @@ class Zygote:
         self._proc.stdin.flush()
         answer = json.loads(self._read(timeout))
         if job["db_url"].startswith("postgresql"):
-            _wait_for_sessions_to_end(job)
+            _wait_for_sessions_to_end(job, int(answer["pid"]))
         return int(answer["exit"])
 
     def close(self) -> None:
