@@ -148,6 +148,8 @@ def test_broker_restart_during_prepare_or_commit_keeps_both_sides_equal(
             assert isinstance(exc, IndefiniteOutcomeError) and "not lost" in str(exc), repr(exc)
             assert time.monotonic() - stopped_at[0] <= kafka_timeout_s + BOUND_SLACK_S
             outcome = "left in doubt (IndefiniteOutcomeError)"
+        else:
+            assert stop_at is Step.BODY_DONE, f"only before the database commit may both sides roll back: {exc!r}"
     took = time.monotonic() - started
     armed = False
     assert restarted.wait(120)
