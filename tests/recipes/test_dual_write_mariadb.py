@@ -47,25 +47,33 @@ def test_state_row_version_keeps_microseconds_and_moves_forward(mariadb_url: str
     engine.dispose()
 
 
-def test_cli_in_doubt_and_recover_with_a_mysql_url(mariadb_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
-    """A child killed between its database commit and its Kafka commit; the CLI, given a plain
-    ``mysql://`` URL, reports the transaction in doubt and then commits it."""
+def _killed_child(
+    mariadb_url: str, kafka_bootstrap: str, tmp_path: Path, prefix: str, point: str
+) -> tuple[sa.Engine, str, str, str]:
+    """The recipe's tables, and a child that ran two transactions and was SIGKILLed at ``point`` of the second."""
     engine = sa.create_engine(mariadb_url, poolclass=sa.pool.NullPool)
     metadata = sa.MetaData()
     state_table(metadata)
     outbox_table(metadata)
     items_table(metadata)
     metadata.create_all(engine)
-    series = f"cli-{uuid.uuid4().hex[:8]}"
+    series = f"{prefix}-{uuid.uuid4().hex[:8]}"
     tid, topic = f"dw-{series}", create_topic(kafka_bootstrap)
     zygote = Zygote(tmp_path / "zygote.log")
     try:
         job = {"db_url": mariadb_url, "bootstrap": kafka_bootstrap, "tid": tid, "topic": topic, "series": series,
-               "results": str(tmp_path / "r.jsonl"), "run": 0, "point": "db_committed", "crash_txn": 1,
+               "results": str(tmp_path / "r.jsonl"), "run": 0, "point": point, "crash_txn": 1,
                "transactions": 2, "records": 2}
         assert zygote.run(job) == -9
     finally:
         zygote.close()
+    return engine, series, tid, topic
+
+
+def test_cli_in_doubt_and_recover_with_a_mysql_url(mariadb_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A child killed between its database commit and its Kafka commit; the CLI, given a plain
+    ``mysql://`` URL, reports the transaction in doubt and then commits it."""
+    engine, series, tid, topic = _killed_child(mariadb_url, kafka_bootstrap, tmp_path, "cli", "db_committed")
     url = sa.make_url(mariadb_url).set(drivername="mysql").render_as_string(hide_password=False)
     listed = _cli(kafka_bootstrap, "in-doubt", "--db-url", url)
     entries = {e["transactional_id"]: e for e in json.loads(listed.stdout)["entries"]}
@@ -85,22 +93,7 @@ def test_cli_in_doubt_dry_run_and_recover_abort_with_a_mariadb_url(
     """A child killed after storing its state but before COMMIT (the database rolled back, Kafka holds a
     prepared transaction); with a plain ``mariadb://`` URL the CLI decides abort, ``--dry-run`` changes
     nothing, ``recover`` aborts it: the rolled-back rows' records are never visible and nothing hangs."""
-    engine = sa.create_engine(mariadb_url, poolclass=sa.pool.NullPool)
-    metadata = sa.MetaData()
-    state_table(metadata)
-    outbox_table(metadata)
-    items_table(metadata)
-    metadata.create_all(engine)
-    series = f"cli-abort-{uuid.uuid4().hex[:8]}"
-    tid, topic = f"dw-{series}", create_topic(kafka_bootstrap)
-    zygote = Zygote(tmp_path / "zygote.log")
-    try:
-        job = {"db_url": mariadb_url, "bootstrap": kafka_bootstrap, "tid": tid, "topic": topic, "series": series,
-               "results": str(tmp_path / "r.jsonl"), "run": 0, "point": "state_stored", "crash_txn": 1,
-               "transactions": 2, "records": 2}
-        assert zygote.run(job) == -9
-    finally:
-        zygote.close()
+    engine, series, tid, topic = _killed_child(mariadb_url, kafka_bootstrap, tmp_path, "cli-abort", "state_stored")
     url = sa.make_url(mariadb_url).set(drivername="mariadb").render_as_string(hide_password=False)
     for command in (("in-doubt",), ("recover", "--dry-run")):
         shown = _cli(kafka_bootstrap, *command, "--db-url", url)
