@@ -16,6 +16,7 @@ from kafka2pc import (
     Kafka2pcError,
     PreparedTxnState,
     ProducerFencedError,
+    QueueFullError,
 )
 
 from ._lifecycle import WriterState, check_transition
@@ -103,18 +104,25 @@ class WriterCore:
         return call()
 
     def _produce(self, producer: TwoPhaseCommitProducer, topic: str, kwargs: dict[str, Any]) -> None:
-        from kafka2pc import QueueFullError
-
-        self._topics.require(topic, self._tid)
-        deadline = time.monotonic() + self._queue_full_timeout_s
+        """Produce one record; a full local queue is waited out for up to ``queue_full_timeout_s``."""
+        if topic not in self._topics.known:
+            self._topics.require(topic, self._tid)
+        deadline: float | None = None
         while True:
             try:
-                self._kafka(lambda: producer.produce(topic, **kwargs))
+                producer.produce(topic, **kwargs)
                 return
             except QueueFullError:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._queue_full_timeout_s
+                elif now > deadline:
                     raise
                 producer.poll(0.05)
+            except Kafka2pcError:
+                raise
+            except Exception as exc:  # as _kafka(): a bare error of the binding is fatal
+                raise FatalError(f"{self._tid!r}: the producer failed: {exc!r}") from exc
 
     def _parse(self, stored: str | None) -> PreparedTxnState:
         try:

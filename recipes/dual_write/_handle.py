@@ -71,10 +71,14 @@ class DualWriteTransaction:
         A full local queue is waited out (serving delivery reports) for up to
         the writer's ``queue_full_timeout_s``.
         """
-        record = _Record(topic, _as_bytes(key), _as_bytes(value), partition, _normalize_headers(headers))
+        key_b = key if key is None or key.__class__ is bytes else _as_bytes(key)
+        value_b = value if value is None or value.__class__ is bytes else _as_bytes(value)
+        header_list = None if headers is None else _normalize_headers(headers)
         self._produced += 1
-        kwargs: dict[str, Any] = {"value": record.value, "key": record.key}
-        if self._writer.retain_records:
+        kwargs: dict[str, Any] = {"value": value_b, "key": key_b}
+        writer = self._writer
+        if writer._retain:
+            record = _Record(topic, key_b, value_b, partition, header_list)
             self._records.append(record)  # copied to the outbox table after the prepare
 
             def delivered(err: Any, msg: Any) -> None:
@@ -88,12 +92,13 @@ class DualWriteTransaction:
             kwargs["on_delivery"] = on_delivery
         if partition is not None:
             kwargs["partition"] = partition
-        if record.headers is not None:
-            kwargs["headers"] = record.headers
+        if header_list is not None:
+            kwargs["headers"] = header_list
         if timestamp is not None:
             kwargs["timestamp"] = timestamp
-        self._writer._produce(self._producer, topic, kwargs)
-        self._writer._step(Step.PRODUCED)
+        writer._produce(self._producer, topic, kwargs)
+        if writer._on_step is not None:
+            writer._on_step(Step.PRODUCED)
 
     def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
         """Commit consumer offsets with this transaction (exactly-once consume-transform-produce).

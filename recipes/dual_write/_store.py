@@ -69,6 +69,21 @@ def _utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
+def _pg_literal(value: str | datetime | None) -> str:
+    """``value`` as a PostgreSQL literal, for a session with ``standard_conforming_strings`` on.
+
+    There a string literal is taken verbatim between its quotes, with a
+    quote doubled; backslashes mean nothing.  NUL, which PostgreSQL's text
+    cannot hold, is refused rather than sent.
+    """
+    if value is None:
+        return "NULL"
+    text = value.isoformat(" ") if isinstance(value, datetime) else value
+    if "\0" in text:
+        raise ValueError(f"a PostgreSQL text value cannot hold NUL: {text!r}")
+    return "'" + text.replace("'", "''") + "'"
+
+
 class StateStore(Protocol):
     """How one database family locks, versions and writes a state row.  All methods run in the
     caller's database transaction on ``conn``; none commits (except :meth:`store_and_commit`)."""
@@ -112,6 +127,42 @@ def locked(store: StateStore, tid: str, action: str, call: Callable[[], Any]) ->
         if store.is_lock_error(exc):
             raise StateRowLockedError.wrap(exc, tid, action) from exc
         raise
+
+
+def _execute_scalar(conn: sa.Connection, statement: str) -> Any:
+    """Run a parameterless ``statement`` on ``conn``; return the first column of its first row.
+
+    What ``conn.exec_driver_sql(statement, execution_options={"no_parameters":
+    True}).scalar_one()`` does, without SQLAlchemy's execution context and
+    result objects when no listener watches statements on the engine: errors
+    still arrive as ``sqlalchemy.exc.DBAPIError`` and a dead connection is
+    still invalidated.  With ``before_cursor_execute``, ``after_cursor_execute``
+    or ``handle_error`` listeners (tracing, statement logs) it goes through
+    SQLAlchemy, so that they see it.
+    """
+    dispatch, dialect = conn.dispatch, conn.dialect
+    if dispatch.before_cursor_execute or dispatch.after_cursor_execute or dialect.dispatch.handle_error:
+        return conn.exec_driver_sql(statement, execution_options={"no_parameters": True}).scalar_one()
+    dbapi_conn = conn.connection.dbapi_connection
+    if dbapi_conn is None:
+        raise sa.exc.ResourceClosedError("This Connection is closed")
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(statement)
+        row = cursor.fetchone()
+    except dialect.loaded_dbapi.Error as exc:
+        disconnect = dialect.is_disconnect(exc, dbapi_conn, cursor)
+        error = sa.exc.DBAPIError.instance(
+            statement, None, exc, dialect.loaded_dbapi.Error, connection_invalidated=disconnect, dialect=dialect
+        )
+        if disconnect:
+            conn.invalidate(error)
+        raise error from exc
+    finally:
+        cursor.close()
+    if row is None:
+        raise sa.exc.NoResultFound("No row was found when one was required")
+    return row[0]
 
 
 class PostgresStore:
@@ -181,9 +232,8 @@ class PostgresStore:
     def store_and_commit(self, conn: sa.Connection, tid: str, state: str, token: str, last: str | None) -> str:
         """:meth:`store`'s guarded update and ``COMMIT`` in one statement text, one round trip.
 
-        Sent through SQLAlchemy (errors arrive as ``sqlalchemy.exc.DBAPIError``,
-        a dead connection is invalidated) with ``no_parameters``, so psycopg
-        uses the simple query protocol (values quoted by psycopg), which
+        Sent without parameters (see :func:`_execute_scalar`), so psycopg
+        uses the simple query protocol (values quoted here, as psycopg would), which
         allows two statements: PostgreSQL runs them in order and skips the
         ``COMMIT`` if the update fails.  A changed row makes the update's
         result fail a cast, on purpose, naming the reason: the transaction then
@@ -207,16 +257,17 @@ class PostgresStore:
                 "COMMIT"
             )
 
-        def quoted(value: object) -> str:
-            return sql.Literal(value).as_string(driver)
+        if driver.info.parameter_status("standard_conforming_strings") == "on":
+            quoted: Callable[[str | datetime | None], str] = _pg_literal
+        else:
+            def quoted(value: str | datetime | None) -> str:
+                return sql.Literal(value).as_string(driver)
 
         statement = self._combined_template.format(
             state=quoted(state), now=quoted(_utcnow()), tid=quoted(tid), token=quoted(token), last=quoted(last)
         )
         try:
-            new = conn.exec_driver_sql(
-                statement, execution_options={"no_parameters": True}
-            ).scalar_one()
+            new = _execute_scalar(conn, statement)
         except sa.exc.DBAPIError as exc:
             if isinstance(exc.orig, psycopg.errors.InvalidTextRepresentation) and _ROW_CHANGED in str(exc.orig):
                 raise TakenOver(tid) from exc

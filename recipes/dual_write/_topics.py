@@ -33,13 +33,14 @@ class TopicCheck:
             k: v for k, v in producer_config.items() if k in _CONNECTION_KEYS or k.startswith(_CONNECTION_PREFIXES)
         }
         self._timeout_s = timeout_s
-        self._known: set[str] = set()
+        self.known: set[str] = set()
+        """Topics the cluster said exist (the caller may test membership before :meth:`require`)."""
         self._admin: Any = None
         self._lock = threading.Lock()
 
     def require(self, topic: str, transactional_id: str) -> None:
         """Raise :class:`TopicNotFoundError` if the cluster says ``topic`` does not exist."""
-        if topic in self._known:
+        if topic in self.known:
             return
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient
@@ -63,4 +64,4 @@ class TopicCheck:
                 "automatically): create it first, e.g. kafka-topics.sh --create --topic " + topic,
                 topic,
             )
-        self._known.add(topic)
+        self.known.add(topic)

@@ -169,6 +169,26 @@ def test_connection_and_session_commit_both_sides_and_store_the_state(env: Env) 
     writer.close()
 
 
+def test_a_transactional_id_with_quotes_and_backslashes_is_stored_verbatim(env: Env) -> None:
+    """The state update quotes its values itself on PostgreSQL (no parameters: one round trip with COMMIT)."""
+    tid = f"dw-{env.series}-o'brien\\'; DROP TABLE x; --\"é"
+    writer = env.writer(tid)
+    writer.recover()
+    for rid in ("q-1", "q-2"):  # the second update is guarded by the first one's token and state
+        with env.engine.connect() as conn, writer.transaction(conn) as tx:
+            env.write(writer, conn, tx, rid)
+    with env.engine.connect() as conn:
+        stored = conn.execute(sa.select(env.states).where(env.states.c.transactional_id == tid)).one()
+    assert stored.transactional_id == tid
+    assert tx.prepared_state is not None and PreparedTxnState(stored.prepared_txn_state) == tx.prepared_state
+    assert sorted(env.records()) == ["q-1", "q-2"]
+    env.assert_consistent()
+    writer.close()
+    again = env.writer(tid)
+    assert again.recover().stored_state == PreparedTxnState(stored.prepared_txn_state)
+    again.close()
+
+
 def test_an_exception_before_the_database_commit_rolls_back_both(env: Env) -> None:
     control = Hook()
     writer = env.writer(on_step=control)
@@ -543,6 +563,44 @@ def test_postgres_backend_terminated_at_commit_aborts_kafka(pg_env: Env, pg_url:
     pg_env.assert_consistent()
     pg_env.commit_one(writer, "after")
     assert sorted(pg_env.records()) == ["after", "before"]
+    writer.close()
+    admin.dispose()
+
+
+@pytest.mark.parametrize("statement_listener", [False, True])
+def test_a_dead_connection_at_the_combined_commit_is_reported_as_sqlalchemy_does(
+    pg_env: Env, pg_url: str, statement_listener: bool
+) -> None:
+    """With or without a statement listener on the engine (SQLAlchemy's path or the direct one)."""
+    seen: list[str] = []
+    if statement_listener:
+        sa.event.listen(pg_env.engine, "before_cursor_execute", lambda _c, _cur, stmt, *_rest: seen.append(stmt))
+    control = Hook()
+    writer = pg_env.writer(on_step=control)
+    writer.recover()
+    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    backend: dict[str, int] = {}
+
+    def terminate(step: Step) -> None:
+        if step is Step.DB_COMMITTING and "pid" in backend:
+            with admin.connect() as conn:
+                conn.execute(sa.text("SELECT pg_terminate_backend(:p)"), {"p": backend["pid"]})
+                while conn.execute(sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"),
+                                   {"p": backend["pid"]}).scalar():
+                    time.sleep(0.02)
+
+    control.fn = terminate
+    with pg_env.engine.connect() as conn:
+        with pytest.raises(sa.exc.DBAPIError) as raised, writer.transaction(conn) as tx:
+            backend["pid"] = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+            pg_env.write(writer, conn, tx, "dead")
+        assert raised.value.connection_invalidated and conn.invalidated
+    control.fn = None
+    assert any(s.rstrip().endswith("COMMIT") and "UPDATE" in s for s in seen) is statement_listener
+    assert pg_env.rows() == set() and pg_env.records() == []
+    pg_env.commit_one(writer, "after")  # the pool hands out a live connection
+    assert pg_env.records() == ["after"]
+    pg_env.assert_consistent()
     writer.close()
     admin.dispose()
 

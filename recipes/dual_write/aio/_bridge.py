@@ -110,7 +110,7 @@ class OffLoopTopicCheck(TopicCheck):
 
     def require(self, topic: str, transactional_id: str) -> None:
         """Raise :class:`TopicNotFoundError` if the cluster says ``topic`` does not exist."""
-        if topic in self._known:
+        if topic in self.known:
             return
         self._off_loop.run(lambda: TopicCheck.require(self, topic, transactional_id))
 
