@@ -57,12 +57,59 @@ from _results import record_section  # noqa: E402 - benchmarks/ is on sys.path w
 HEADING = "## Dual write"
 
 
-def _bootstrap() -> str:
+def _bootstrap() -> tuple[str, list[int]]:
+    """The bootstrap servers, and the broker JVMs' process ids when the broker is the local one."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        return os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        return os.environ["KAFKA_BOOTSTRAP_SERVERS"], []
     from kafka2pc.testing.broker import LocalKafka
 
-    return LocalKafka.up().bootstrap_servers
+    kafka = LocalKafka.up()
+    return kafka.bootstrap_servers, [n.pid for n in kafka.nodes if n.pid]
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` used so far (0 if it cannot be read)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+class CpuMeter:
+    """CPU used by this process, the local broker and the benchmark database's PostgreSQL backends.
+
+    The backends are found by their process title (``postgres: user dbname
+    host``), so this works only for a PostgreSQL server on this machine; a
+    part that cannot be read counts 0 and is reported as such.
+    """
+
+    def __init__(self, broker_pids: list[int], database: str) -> None:
+        self.broker_pids = broker_pids
+        self.database = database
+
+    def _backends(self) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+            if entry.isdigit():
+                try:
+                    title = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace")
+                except OSError:
+                    continue
+                if title.startswith("postgres:") and f" {self.database} " in title:
+                    found.append(int(entry))
+        return found
+
+    def read(self) -> tuple[float, float, float]:
+        """(client, broker, database) CPU seconds so far."""
+        return (
+            time.process_time(),
+            sum(_cpu_s(p) for p in self.broker_pids),
+            sum(_cpu_s(p) for p in self._backends()),
+        )
 
 
 def _recipe_transaction_timeout_ms(writer: DualWriter) -> int:
@@ -135,11 +182,13 @@ PAYLOAD = "x" * 180
 
 def _measure(
     lanes: list[Lane], mode: str, orders: sa.Table, topic: str, size: int, seconds: float, tag: str,
-    latencies: list[float] | None = None,
+    latencies: list[float] | None = None, meter: CpuMeter | None = None, cpu: list[float] | None = None,
 ) -> float:
     """All lanes run ``mode`` transactions concurrently for ``seconds``; total transactions per second.
 
-    The duration of every transaction (seconds) is appended to ``latencies``.
+    The duration of every transaction (seconds) is appended to ``latencies``;
+    with ``meter``, the CPU seconds used (client, broker, database) and the
+    number of transactions are added to ``cpu``.
     """
     counts = [0] * len(lanes)
     barrier = threading.Barrier(len(lanes) + 1)
@@ -165,6 +214,7 @@ def _measure(
     for t in threads:
         t.start()
     barrier.wait()
+    before = meter.read() if meter is not None else None
     start = time.perf_counter()
     time.sleep(seconds)
     stop.set()
@@ -173,6 +223,11 @@ def _measure(
     rate = sum(counts) / (time.perf_counter() - start)
     if mode == "pipelined":
         lanes[0].pool.wait_visible(60)  # the next variant starts with nothing in flight
+    if meter is not None and before is not None and cpu is not None:
+        after = meter.read()
+        for i in range(3):
+            cpu[i] += after[i] - before[i]
+        cpu[3] += sum(counts)
     if latencies is not None:
         for took in per_lane:
             latencies.extend(took)
@@ -185,9 +240,10 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run(rounds: int, seconds: float, sizes: list[int], writer_counts: list[int]) -> list[dict[str, float]]:
-    bootstrap = _bootstrap()
+    bootstrap, broker_pids = _bootstrap()
     results = []
     with fresh_database() as url:
+        meter = CpuMeter(broker_pids, sa.make_url(url).database or "")
         engine = sa.create_engine(url, pool_size=2 * max(writer_counts) + 2)
         metadata = sa.MetaData()
         state_table(metadata)
@@ -212,14 +268,15 @@ def run(rounds: int, seconds: float, sizes: list[int], writer_counts: list[int])
                     _measure(active, mode, orders, topic, size, 0.5, f"{tag}-warm-{mode}")
                 rates: dict[str, list[float]] = {mode: [] for mode in modes}
                 latencies: dict[str, list[float]] = {mode: [] for mode in modes}
+                cpu: dict[str, list[float]] = {mode: [0.0, 0.0, 0.0, 0.0] for mode in modes}
                 for r in range(rounds):
                     k = r % len(modes)
                     for mode in modes[k:] + modes[:k]:  # rotate the order round by round
                         rates[mode].append(_measure(active, mode, orders, topic, size, seconds, f"{tag}-{r}-{mode}",
-                                                    latencies[mode]))
+                                                    latencies[mode], meter, cpu[mode]))
                 # The ratio within each round, then the median: drift of the shared machine
                 # between rounds cancels out (as in bench_core.py).
-                def per_round(a: str, b: str) -> list[float]:
+                def per_round(a: str, b: str, rates: dict[str, list[float]] = rates) -> list[float]:
                     return [x / y for x, y in zip(rates[a], rates[b], strict=True)]
 
                 ratios = per_round("recipe", "baseline")
@@ -233,9 +290,12 @@ def run(rounds: int, seconds: float, sizes: list[int], writer_counts: list[int])
                     "of_floor": statistics.median(per_round("recipe", "floor")),
                     **{f"p50_{mode}": 1000 * _percentile(latencies[mode], 0.50) for mode in modes},
                     **{f"p99_{mode}": 1000 * _percentile(latencies[mode], 0.99) for mode in modes},
+                    **{f"cpu_{part}_{mode}": 1000 * cpu[mode][i] / max(1.0, cpu[mode][3])
+                       for mode in modes for i, part in enumerate(("client", "broker", "db"))},
                 })
                 print(_table(results[-1:]).splitlines()[-1], flush=True)
                 print(_latency_table(results[-1:]).splitlines()[-1], flush=True)
+                print(_cpu_table(results[-1:]).splitlines()[-1], flush=True)
         pool.close()
         for lane in lanes:
             lane.close()
@@ -271,6 +331,22 @@ def _latency_table(results: list[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def _cpu_table(results: list[dict[str, float]]) -> str:
+    names = {"baseline": "non-atomic", "floor": "2PC order", "recipe": "recipe", "pipelined": "pipelined"}
+    lines = [
+        "| writers | records/txn | "
+        + " | ".join(f"{names[m]}: client / broker / PostgreSQL = total" for m in names) + " |",
+        "|---:|---:|---|---|---|---|",
+    ]
+    for r in results:
+        cells = []
+        for m in names:
+            parts = [r[f"cpu_{p}_{m}"] for p in ("client", "broker", "db")]
+            cells.append(" / ".join(f"{v:.2f}" for v in parts) + f" = **{sum(parts):.2f}**")
+        lines.append(f"| {int(r['writers'])} | {int(r['records'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _record(results: list[dict[str, float]], rounds: int, seconds: float) -> None:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     goal_met = min(r["piped_ratio"] for r in results) >= 1.0
@@ -291,6 +367,10 @@ def _record(results: list[dict[str, float]], rounds: int, seconds: float) -> Non
         "Goal (issue 14): pipelined / non-atomic >= 1.0 in every row, p50 and p99 no higher.\n\n"
         f"{_table(results)}\n\n"
         f"{_latency_table(results)}\n\n"
+        "CPU milliseconds per transaction, summed over every round (the client process, the local broker's JVM, "
+        "the benchmark database's PostgreSQL backends); on a machine whose cores all three share, the total bounds "
+        "the throughput once the writers keep the cores busy:\n\n"
+        f"{_cpu_table(results)}\n\n"
         f"Measured {when} on {platform.machine()}, {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} "
         f"at the end), Python {platform.python_version()}, local single-node Kafka and PostgreSQL on the same "
         "machine.\n\n"
@@ -320,6 +400,7 @@ def main() -> None:
     )
     print(_table(results))
     print(_latency_table(results))
+    print(_cpu_table(results))
     if not args.no_record:
         _record(results, args.rounds, args.seconds)
         print("recorded in benchmarks/RESULTS.md")
