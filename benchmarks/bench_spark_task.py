@@ -39,7 +39,7 @@ from confluent_kafka import Producer
 
 from kafka2pc import QueueFullError, TwoPhaseCommitProducer
 from kafka2pc.recipes.spark._config import executor_config
-from kafka2pc.recipes.spark._executor import WriterSpec, _shared_control_plane, batch_fingerprint, write_partition
+from kafka2pc.recipes.spark._executor import WriterSpec, _shared_admin, batch_fingerprint, write_partition
 from kafka2pc.testing import create_topic
 
 from _results import record_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
@@ -94,7 +94,7 @@ def main() -> None:
         config = dict(base, **{"kafka2pc.delivery.reports": "all",
                                "transactional.id": f"bench-task-{uuid.uuid4().hex[:8]}"})
         started = time.monotonic()
-        producer = TwoPhaseCommitProducer(config, control_plane=_shared_control_plane(config))
+        producer = TwoPhaseCommitProducer(config, control_plane=_shared_admin(config).control_plane)
         producer.init_transactions()
         producer.begin_transaction()
         opened = time.monotonic()
