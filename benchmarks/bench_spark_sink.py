@@ -204,8 +204,10 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
                            for m in ours.metrics]
         result["settle_s"] = [m.settle_s for m in ours.metrics]
         result["job_rest_s"] = [m.write_s - m.task_open_s - m.task_write_s - m.task_prepare_s for m in ours.metrics]
+        result["commit_only_s"] = [m.commit_latency_s - m.decision_s for m in ours.metrics]
+        result["sweep_s"] = [m.completion_s - (m.commit_latency_s - m.decision_s) for m in ours.metrics]
         result["driver_rest_s"] = [
-            m.time_to_visibility_s - m.settle_s - m.write_s - m.decision_s - m.completion_s for m in ours.metrics
+            m.time_to_visibility_s - m.settle_s - m.write_s - m.commit_latency_s for m in ours.metrics
         ]
         ours.close()
     return result
@@ -418,9 +420,11 @@ def run(args: argparse.Namespace) -> None:
         ("write job, the rest (Spark scheduling, reading the input, Arrow to Python, results)",
          med(per_batch("ours", "job_rest_s"))),
         ("decision file (the commit point)", med(per_batch("ours", "decision_s"))),
-        ("completion through the coordinator (commit, markers, stray sweep)", med(per_batch("ours", "completion_s"))),
+        ("commit through the coordinator (EndTxn, markers)", med(per_batch("ours", "commit_only_s"))),
         ("other driver work (replay check, metrics)", med(per_batch("ours", "driver_rest_s"))),
         ("**call of the sink to visible** (time to visibility)", ours_ttv),
+        ("after visibility: sweep for stray transactions (in the batch's time, not in visibility)",
+         med(per_batch("ours", "sweep_s"))),
     ]
     if "builtin" in sinks:
         ttv_rows.append(("Spark's built-in sink, batch (its rows are visible then)", med(per_batch("builtin", "add_batch_s"))))
@@ -431,7 +435,8 @@ def run(args: argparse.Namespace) -> None:
         "",
         (
             f"ours, per batch (medians): decision file {med(per_batch('ours', 'decision_s')):.3f}s, completion "
-            f"through the coordinator {med(per_batch('ours', 'completion_s')):.3f}s (2PC after the tasks: "
+            f"through the coordinator {med(per_batch('ours', 'completion_s')):.3f}s with the stray sweep (2PC "
+            "after the tasks, to visibility: "
             f"{ours_commit:.3f}s); slowest task: open (init_transactions) {med(t[0] for t in tasks):.3f}s, "
             f"write {med(t[1] for t in tasks):.3f}s, prepare {med(t[2] for t in tasks):.3f}s"
         ),

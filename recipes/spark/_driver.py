@@ -263,6 +263,7 @@ class KafkaTwoPhaseSink:
         t3 = time.monotonic()
         final, completion, repaired = self._complete_with_repair(b, df, decision)
         now = time.monotonic()
+        visible = completion.visible_at or now  # the last commit; the stray sweep after it hides nothing
         if batch_id % 10 == 0:
             self._purge(b, batch_id)
         self._record(BatchMetrics(
@@ -271,7 +272,7 @@ class KafkaTwoPhaseSink:
             {r.partition: r.attempt for r in results}, settle_s, write_s,
             max((r.open_s for r in results), default=0.0), max((r.write_s for r in results), default=0.0),
             max((r.prepare_s for r in results), default=0.0), decision_s, now - t3,
-            now - started, now - t2,
+            visible - started, visible - t2,
         ))
 
     def _write(
@@ -344,6 +345,7 @@ class KafkaTwoPhaseSink:
                                   lambda: self._step(SinkStep.MID_COMPLETION, batch_id))
             total.committed += completion.committed
             total.strays_aborted += completion.strays_aborted
+            total.visible_at = completion.visible_at
             if not completion.aborted:
                 return decision, total, repaired
             if round_ == self._max_repairs:
