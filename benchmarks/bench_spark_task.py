@@ -143,7 +143,7 @@ def main() -> None:
         return (opened - started, written - opened, time.monotonic() - written)
 
     variants: dict[str, Callable[[], Any]] = {
-        "per-record produce, all reports (the sink before)": per_record,
+        "per-record produce, all reports (the first sink)": per_record,
         "produce_batch, all reports": sink_task("all"),
         "produce_batch, error reports (the sink before direct produce)": sink_task("errors"),
         "direct Arrow produce, error reports (the sink now)": sink_task("errors", direct=True),
@@ -163,7 +163,7 @@ def main() -> None:
 
     med = statistics.median
     per = args.records / 1000
-    base_cpu = med(r[0] for r in results["per-record produce, all reports (the sink before)"])
+    base_cpu = med(r[0] for r in results["per-record produce, all reports (the first sink)"])
     lines = [
         f"records={args.records} value={args.value_bytes}B rounds={args.rounds} cores={os.cpu_count()} "
         f"load={os.getloadavg()[0]:.1f}; CPU = the process's user+system time (Python and librdkafka threads)",

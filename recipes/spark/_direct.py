@@ -27,6 +27,7 @@ What this costs in guarantees, and how the sink makes up for it:
   Python object (confluent-kafka sets it so).  If anything does not match
   (another layout, another librdkafka loaded, not Linux) the fast path is
   off for the process and the sink uses ``produce_batch``, logged once.
+  CPython only (elsewhere an object's id is not its address).
 
 Only used for the shape it can serve: one topic (the sink's ``topic``
 option), keys and values as Arrow string/binary, no ``partition`` or
@@ -40,6 +41,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import logging
+import platform
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Final
@@ -89,6 +91,8 @@ def _load() -> ctypes.CDLL | None:
             import confluent_kafka
             import numpy as np
 
+            if platform.python_implementation() != "CPython":
+                raise OSError("not CPython (object ids are not addresses)")
             path = _librdkafka_path()
             if path is None:
                 raise OSError("librdkafka is not among the process's mapped files")
