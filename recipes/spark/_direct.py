@@ -65,21 +65,6 @@ _lib: ctypes.CDLL | None = None
 _message_dtype: Any = None
 
 
-def _librdkafka_path() -> str | None:
-    """The file of the librdkafka confluent-kafka loaded (from ``/proc/self/maps``), or ``None``."""
-    import confluent_kafka.cimpl  # noqa: F401 - loads librdkafka into the process
-
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split(None, 5)
-                if len(fields) == 6 and "librdkafka" in fields[5].rsplit("/", 1)[-1]:
-                    return fields[5].strip()
-    except OSError:
-        return None
-    return None
-
-
 def _load() -> ctypes.CDLL | None:
     """librdkafka's entry points, or ``None`` when the fast path is unavailable (logged once)."""
     global _loaded, _lib, _message_dtype
@@ -93,14 +78,16 @@ def _load() -> ctypes.CDLL | None:
 
             if platform.python_implementation() != "CPython":
                 raise OSError("not CPython (object ids are not addresses)")
-            path = _librdkafka_path()
-            if path is None:
-                raise OSError("librdkafka is not among the process's mapped files")
-            lib = ctypes.CDLL(path)  # the already loaded library: dlopen returns the same instance
+            import confluent_kafka.cimpl
+
+            # Symbols looked up through confluent-kafka's own extension module resolve to
+            # the librdkafka it was linked with (dlsym searches the object's dependencies):
+            # the very instance the producers run on, whatever else is loaded.
+            lib = ctypes.CDLL(confluent_kafka.cimpl.__file__)
             lib.rd_kafka_version.restype = ctypes.c_int
             lib.rd_kafka_version.argtypes = []
             if lib.rd_kafka_version() != confluent_kafka.libversion()[1]:
-                raise OSError(f"{path} is not the librdkafka confluent-kafka runs on")
+                raise OSError("the librdkafka found is not the one confluent-kafka reports")
             lib.rd_kafka_opaque.restype = ctypes.c_void_p
             lib.rd_kafka_opaque.argtypes = [ctypes.c_void_p]
             lib.rd_kafka_topic_new.restype = ctypes.c_void_p
