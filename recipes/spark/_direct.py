@@ -115,23 +115,26 @@ def _load() -> ctypes.CDLL | None:
 
 
 def _readable(address: int, size: int) -> bool:
-    """Whether ``[address, address + size)`` lies in one readable mapping of this process."""
+    """Whether ``[address, address + size)`` is readable memory of this process (``/proc/self/maps``)."""
+    spans: list[tuple[int, int]] = []
     try:
         with open("/proc/self/maps") as maps:
-            starts: list[int] = []
-            ends: list[int] = []
             for line in maps:
                 span, perms = line.split(None, 2)[:2]
                 if perms.startswith("r"):
-                    lo, hi = span.split("-")
-                    starts.append(int(lo, 16))
-                    ends.append(int(hi, 16))
+                    first, last = span.split("-")
+                    spans.append((int(first, 16), int(last, 16)))
     except OSError:
         return False
-    order = sorted(range(len(starts)), key=starts.__getitem__)
-    sorted_starts = [starts[i] for i in order]
-    i = bisect.bisect_right(sorted_starts, address) - 1
-    return i >= 0 and address + size <= ends[order[i]]
+    spans.sort()
+    merged: list[list[int]] = []
+    for start, end in spans:  # adjacent mappings (e.g. the heap and an arena next to it) form one range
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    i = bisect.bisect_right([start for start, _ in merged], address) - 1
+    return i >= 0 and address + size <= merged[i][1]
 
 
 def handle_of(raw: Any) -> int | None:
