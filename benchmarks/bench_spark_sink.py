@@ -15,7 +15,15 @@ Sinks (rounds alternate between them so that they share the machine's load):
   ``spark-sql-kafka-0-10`` for the installed PySpark resolves (it does not for
   4.0.1+ from the Maven repository CI reaches: its token-provider dependency
   is missing); ``--baseline`` picks what the headline ratio is against;
-- ``ours``: KafkaTwoPhaseSink (exactly-once).
+- ``ours``: KafkaTwoPhaseSink (exactly-once);
+- ``floor`` (``--with-floor``): a ``foreachBatch`` that moves the columns ours
+  sends (key, value, the row hash) to Python with ``mapInArrow`` and drops
+  them: what any sink on PySpark's Python workers pays before writing a row.
+
+CPU per sink run is also measured, per process group (``/proc``: the Spark
+JVMs, the Python workers under them, the Kafka broker; own and reaped
+children's user+system time): unlike wall time it does not depend on what
+else runs on the machine, and on a CPU-bound machine it decides throughput.
 
 Measured: rows/s (records / query wall time), per round the ratio ours/baseline
 (the median of those is the headline); per batch, for ours, time to
@@ -33,6 +41,7 @@ import argparse
 import datetime as dt
 import logging
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -92,8 +101,65 @@ def plain_writer(bootstrap: str, topic: str) -> Any:
     return foreach_batch
 
 
+def floor_writer(df: Any, batch_id: int) -> None:
+    """The floor: the columns ours sends (as ours casts and hashes them) moved to Python and dropped."""
+    from pyspark.sql import functions as sql
+
+    def drop(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        n = sum(batch.num_rows for batch in batches)
+        yield pa.RecordBatch.from_pylist([{"n": n}])
+
+    hashed = sql.xxhash64("key", "value", sql.isnull("key"), sql.isnull("value"))
+    df.select("key", "value", hashed.alias("h")).mapInArrow(drop, "n long").collect()
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+CPU_PARTS = ("spark_jvm", "python", "broker", "bench")
+"""Where CPU is counted: Spark's JVMs, PySpark's Python workers, the Kafka broker, this process (the driver's Python)."""
+
+
+def _processes() -> dict[int, tuple[int, bool, float]]:
+    """pid -> (parent pid, is a Python process, own + reaped children's CPU seconds), from /proc."""
+    table: dict[int, tuple[int, bool, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index(b"(") + 1:stat.rindex(b")")]
+        fields = stat[stat.rindex(b")") + 2:].split()
+        cpu = sum(int(x) for x in fields[11:15]) / _TICK  # utime, stime, cutime, cstime
+        table[int(entry)] = (int(fields[1]), name.startswith(b"python"), cpu)
+    return table
+
+
+def cpu_snapshot(roots: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far per part: each root's process tree, Python processes in it counted as ``python``."""
+    table = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out = dict.fromkeys(CPU_PARTS, 0.0)
+    me = os.getpid()
+    for part, pids in roots.items():
+        stack = [p for p in pids if p in table]
+        while stack:
+            pid = stack.pop()
+            _, is_python, cpu = table[pid]
+            out["python" if is_python and pid != me else part] += cpu
+            stack.extend(c for c in children.get(pid, []) if c != me)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["bench"] = usage.ru_utime + usage.ru_stime
+    return out
+
+
 def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, out: str, sink: str,
-              work: Path) -> dict[str, Any]:
+              work: Path, cpu_roots: dict[str, list[int]] | None = None) -> dict[str, Any]:
     stream = spark.readStream.schema("key string, value string").option(
         "maxFilesPerTrigger", files_per_batch
     ).parquet(str(source))
@@ -107,13 +173,17 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
         )
     elif sink == "plain":
         writer = stream.writeStream.foreachBatch(plain_writer(bootstrap, out))
+    elif sink == "floor":
+        writer = stream.writeStream.foreachBatch(floor_writer)
     else:
         ours = KafkaTwoPhaseSink({"bootstrap.servers": bootstrap}, topic=out)
         writer = stream.writeStream.foreachBatch(ours)
+    cpu_before = cpu_snapshot(cpu_roots or {})
     started = time.monotonic()
     query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
     query.awaitTermination(900)
     elapsed = time.monotonic() - started
+    cpu_after = cpu_snapshot(cpu_roots or {})
     if query.exception() is not None:
         raise RuntimeError(f"{sink}: {query.exception()}")
     progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
@@ -122,6 +192,7 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
         "rows": sum(p["numInputRows"] for p in progress),
         "batches": len(progress),
         "add_batch_s": [p["durationMs"].get("addBatch", 0) / 1000 for p in progress],
+        "cpu": {part: cpu_after[part] - cpu_before[part] for part in CPU_PARTS},
     }
     if ours is not None:
         result["ttv_s"] = [m.time_to_visibility_s for m in ours.metrics]
@@ -133,8 +204,10 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
                            for m in ours.metrics]
         result["settle_s"] = [m.settle_s for m in ours.metrics]
         result["job_rest_s"] = [m.write_s - m.task_open_s - m.task_write_s - m.task_prepare_s for m in ours.metrics]
+        result["commit_only_s"] = [m.commit_latency_s - m.decision_s for m in ours.metrics]
+        result["sweep_s"] = [m.completion_s - (m.commit_latency_s - m.decision_s) for m in ours.metrics]
         result["driver_rest_s"] = [
-            m.time_to_visibility_s - m.settle_s - m.write_s - m.decision_s - m.completion_s for m in ours.metrics
+            m.time_to_visibility_s - m.settle_s - m.write_s - m.commit_latency_s for m in ours.metrics
         ]
         ours.close()
     return result
@@ -180,6 +253,8 @@ def main() -> None:
                         help="what the headline ratio is against (builtin needs Spark's Kafka connector)")
     parser.add_argument("--with-builtin", action="store_true",
                         help="also measure Spark's built-in Kafka sink if its connector resolves")
+    parser.add_argument("--with-floor", action="store_true",
+                        help="also measure the floor: the rows moved to Python workers and dropped")
     parser.add_argument("--partitions", type=int, default=2, help="source and output topic partitions")
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
@@ -187,10 +262,13 @@ def main() -> None:
     parser.add_argument("--no-append", action="store_true", help="do not update RESULTS.md")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    args.broker_pids = []
     if args.bootstrap is None:
         from kafka2pc.testing.broker import LocalKafka
 
-        args.bootstrap = LocalKafka.up().bootstrap_servers
+        kafka = LocalKafka.up()
+        args.bootstrap = kafka.bootstrap_servers
+        args.broker_pids = [n.pid for n in kafka.nodes if n.pid]
 
     cluster = None
     if args.cluster:
@@ -199,6 +277,7 @@ def main() -> None:
 
         cluster = start_cluster(Path(args.work) / "cluster")
         args.master = cluster.master_url
+    args.cluster_pids = [proc.pid for proc in cluster.procs] if cluster is not None else []
     try:
         run(args)
     finally:
@@ -232,7 +311,11 @@ def run(args: argparse.Namespace) -> None:
             spark = start_spark(args.master, None)
     else:
         spark = start_spark(args.master, None)
+    if args.with_floor:
+        sinks.insert(0, "floor")
     baseline = args.baseline if args.baseline in sinks else "plain"
+    cpu_roots = {"spark_jvm": [spark.sparkContext._gateway.proc.pid, *args.cluster_pids],
+                 "broker": args.broker_pids}
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     source = work / "input"
@@ -242,14 +325,14 @@ def run(args: argparse.Namespace) -> None:
     # Warm-up (JIT, Python workers, connector classes), not measured.
     warm = create_topic(args.bootstrap, partitions=args.partitions)
     for sink in sinks:
-        run_query(spark, args.bootstrap, source, files_per_batch, warm, sink, work)
+        run_query(spark, args.bootstrap, source, files_per_batch, warm, sink, work, cpu_roots)
 
     runs: dict[str, list[dict[str, Any]]] = {sink: [] for sink in sinks}
     for round_ in range(args.rounds):
         order = sinks if round_ % 2 == 0 else list(reversed(sinks))
         for sink in order:
             out = create_topic(args.bootstrap, partitions=args.partitions)
-            result = run_query(spark, args.bootstrap, source, files_per_batch, out, sink, work)
+            result = run_query(spark, args.bootstrap, source, files_per_batch, out, sink, work, cpu_roots)
             assert result["rows"] == args.records, result
             if sink == "ours":  # check exactly-once (outside the timed part)
                 seen = [r.value for r in drain(args.bootstrap, out, "read_committed", timeout=120)]
@@ -268,6 +351,7 @@ def run(args: argparse.Namespace) -> None:
         "builtin": "Spark built-in Kafka sink (at-least-once)",
         "plain": "plain confluent-kafka foreachBatch (at-least-once, same Python path)",
         "ours": "KafkaTwoPhaseSink (exactly-once)",
+        "floor": "floor: rows moved to Python and dropped (no sink)",
     }
     ours_ttv = med(per_batch("ours", "ttv_s"))
     ours_commit = med(per_batch("ours", "commit_s"))
@@ -297,6 +381,22 @@ def run(args: argparse.Namespace) -> None:
         ),
         "",
     ]
+    per_100k = 100_000 / args.records
+    lines += [
+        "CPU per 100k rows (median of rounds; user+system seconds of each process group during the query, "
+        "so independent of the machine's other load):",
+        "",
+        "| sink | Spark JVMs | Python workers | Kafka broker | driver's Python | total | total vs "
+        f"{baseline} |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    base_total = med(sum(r["cpu"].values()) for r in runs[baseline]) * per_100k
+    for sink in sinks:
+        parts = [med(r["cpu"][part] for r in runs[sink]) * per_100k for part in CPU_PARTS]
+        total = med(sum(r["cpu"].values()) for r in runs[sink]) * per_100k
+        lines.append(f"| {labels[sink]} | " + " | ".join(f"{x:.3f}" for x in parts)
+                     + f" | {total:.3f} | {total / base_total:.2f}x |")
+    lines.append("")
     for base in [b for b in ("builtin", "plain") if b in sinks]:
         ratios = [o / b for b, o in zip(rates[base], rates["ours"], strict=True)]
         base_batch = med(per_batch(base, "add_batch_s"))
@@ -320,9 +420,11 @@ def run(args: argparse.Namespace) -> None:
         ("write job, the rest (Spark scheduling, reading the input, Arrow to Python, results)",
          med(per_batch("ours", "job_rest_s"))),
         ("decision file (the commit point)", med(per_batch("ours", "decision_s"))),
-        ("completion through the coordinator (commit, markers, stray sweep)", med(per_batch("ours", "completion_s"))),
+        ("commit through the coordinator (EndTxn, markers)", med(per_batch("ours", "commit_only_s"))),
         ("other driver work (replay check, metrics)", med(per_batch("ours", "driver_rest_s"))),
         ("**call of the sink to visible** (time to visibility)", ours_ttv),
+        ("after visibility: sweep for stray transactions (in the batch's time, not in visibility)",
+         med(per_batch("ours", "sweep_s"))),
     ]
     if "builtin" in sinks:
         ttv_rows.append(("Spark's built-in sink, batch (its rows are visible then)", med(per_batch("builtin", "add_batch_s"))))
@@ -333,7 +435,8 @@ def run(args: argparse.Namespace) -> None:
         "",
         (
             f"ours, per batch (medians): decision file {med(per_batch('ours', 'decision_s')):.3f}s, completion "
-            f"through the coordinator {med(per_batch('ours', 'completion_s')):.3f}s (2PC after the tasks: "
+            f"through the coordinator {med(per_batch('ours', 'completion_s')):.3f}s with the stray sweep (2PC "
+            "after the tasks, to visibility: "
             f"{ours_commit:.3f}s); slowest task: open (init_transactions) {med(t[0] for t in tasks):.3f}s, "
             f"write {med(t[1] for t in tasks):.3f}s, prepare {med(t[2] for t in tasks):.3f}s"
         ),

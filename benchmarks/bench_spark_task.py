@@ -11,8 +11,12 @@ column the driver adds) to a 2-partition topic, in interleaved rounds:
   report per row (the sink's path before ``produce_batch``);
 - ``produce_batch, all reports``: the sink's ``write_partition`` with
   ``kafka2pc.delivery.reports=all``;
-- ``produce_batch, error reports``: ``write_partition`` as the sink runs it
-  (``kafka2pc.delivery.reports=errors``, the anchor asked of the partition leader);
+- ``produce_batch, error reports``: ``write_partition`` with
+  ``direct_produce=False`` (``kafka2pc.delivery.reports=errors``, the anchor
+  asked of the partition leader): the sink before direct produce;
+- ``direct Arrow produce``: ``write_partition`` as the sink runs it: keys and
+  values handed to librdkafka from the Arrow buffers (``_direct``), no Python
+  object per row;
 - ``plain producer``: a ``confluent_kafka.Producer`` without transactions,
   ``produce`` per row, no delivery callback (the bench's at-least-once baseline).
 
@@ -39,7 +43,7 @@ from confluent_kafka import Producer
 
 from kafka2pc import QueueFullError, TwoPhaseCommitProducer
 from kafka2pc.recipes.spark._config import executor_config
-from kafka2pc.recipes.spark._executor import WriterSpec, _shared_control_plane, batch_fingerprint, write_partition
+from kafka2pc.recipes.spark._executor import WriterSpec, _shared_admin, batch_fingerprint, write_partition
 from kafka2pc.testing import create_topic
 
 from _results import record_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
@@ -82,11 +86,11 @@ def main() -> None:
     batches = make_batches(args.records, args.value_bytes)
     base = executor_config({"bootstrap.servers": bootstrap}, 60_000)
 
-    def sink_task(reports: str) -> Callable[[], Any]:
+    def sink_task(reports: str, direct: bool = False) -> Callable[[], Any]:
         def run() -> Any:
             config = dict(base, **{"kafka2pc.delivery.reports": reports})
             spec = WriterSpec(config, f"bench-task-{uuid.uuid4().hex[:8]}", topic, ("key", "value"), 0,
-                              fingerprint_column=HASH)
+                              fingerprint_column=HASH, direct_produce=direct)
             return write_partition(spec, iter(batches), 0, 0)
         return run
 
@@ -94,7 +98,7 @@ def main() -> None:
         config = dict(base, **{"kafka2pc.delivery.reports": "all",
                                "transactional.id": f"bench-task-{uuid.uuid4().hex[:8]}"})
         started = time.monotonic()
-        producer = TwoPhaseCommitProducer(config, control_plane=_shared_control_plane(config))
+        producer = TwoPhaseCommitProducer(config, control_plane=_shared_admin(config).control_plane)
         producer.init_transactions()
         producer.begin_transaction()
         opened = time.monotonic()
@@ -139,9 +143,10 @@ def main() -> None:
         return (opened - started, written - opened, time.monotonic() - written)
 
     variants: dict[str, Callable[[], Any]] = {
-        "per-record produce, all reports (the sink before)": per_record,
+        "per-record produce, all reports (the first sink)": per_record,
         "produce_batch, all reports": sink_task("all"),
-        "produce_batch, error reports (the sink now)": sink_task("errors"),
+        "produce_batch, error reports (the sink before direct produce)": sink_task("errors"),
+        "direct Arrow produce, error reports (the sink now)": sink_task("errors", direct=True),
         "plain producer, no transaction, no callback (baseline)": plain,
     }
     for run in variants.values():  # warm-up: connections, imports, the shared control plane
@@ -158,7 +163,7 @@ def main() -> None:
 
     med = statistics.median
     per = args.records / 1000
-    base_cpu = med(r[0] for r in results["per-record produce, all reports (the sink before)"])
+    base_cpu = med(r[0] for r in results["per-record produce, all reports (the first sink)"])
     lines = [
         f"records={args.records} value={args.value_bytes}B rounds={args.rounds} cores={os.cpu_count()} "
         f"load={os.getloadavg()[0]:.1f}; CPU = the process's user+system time (Python and librdkafka threads)",

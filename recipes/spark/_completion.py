@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -41,6 +42,8 @@ class Completion:
     strays_aborted: int = 0
     aborted: list[int] = field(default_factory=list)
     """Partitions whose decided transaction Kafka aborted (to repair)."""
+    visible_at: float = 0.0
+    """``time.monotonic()`` when the last decided transaction was committed (before the stray sweep)."""
 
 
 def complete(
@@ -66,6 +69,7 @@ def complete(
 
     admin.settle_many({t.transactional_id: t.prepared_state for t in decision.transactions},
                       raise_on_heuristic=False, on_settled=settled)
+    result.visible_at = time.monotonic()  # the markers are written: the rows are visible
     result.strays_aborted = settle_open(admin, transactional_id_base, by_tid)
     if unknown:
         # The last stable offset was held back (e.g. by a stray just aborted): ask again.
@@ -79,6 +83,7 @@ def complete(
                 result.aborted.append(txn.partition)
             else:
                 still.append(txn.state)
+        result.visible_at = time.monotonic()
         if still:
             raise SinkCompletionError(f"batch {decision.batch_id}: the outcome of {still} stays unknown")
     return result

@@ -146,7 +146,9 @@ class BatchMetrics:
     ``time_to_visibility_s`` runs from the call of the sink to the last commit
     (the batch's rows are then visible to ``read_committed`` consumers);
     ``commit_latency_s`` is the part the two-phase commit adds after the last
-    task finished: writing the decision plus completing the transactions.
+    task finished: writing the decision plus committing the transactions.
+    ``completion_s`` also holds the sweep for stray transactions that follows
+    the commits (the batch's rows are already visible then).
     """
 
     batch_id: int

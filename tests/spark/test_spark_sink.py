@@ -81,6 +81,9 @@ def test_task_failing_after_prepare_is_retried_without_duplicates(
     for m in sink.metrics:
         assert m.task_attempts == {0: 1, 1: 0}, m  # partition 0's result came from its retry
         assert m.transactions_committed == 2 and m.records == 300
+        # Visible at the last commit: the decision and the commits, not the stray sweep after them.
+        assert m.decision_s <= m.commit_latency_s <= m.decision_s + m.completion_s, m
+        assert m.time_to_visibility_s >= m.write_s + m.commit_latency_s, m
     assert_exactly_once(kafka_bootstrap, out, values(900))
 
 
