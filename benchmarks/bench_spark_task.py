@@ -11,12 +11,8 @@ column the driver adds) to a 2-partition topic, in interleaved rounds:
   report per row (the sink's path before ``produce_batch``);
 - ``produce_batch, all reports``: the sink's ``write_partition`` with
   ``kafka2pc.delivery.reports=all``;
-- ``produce_batch, error reports``: ``write_partition`` with
-  ``direct_produce=False`` (``kafka2pc.delivery.reports=errors``, the anchor
-  asked of the partition leader): the sink before direct produce;
-- ``direct Arrow produce``: ``write_partition`` as the sink runs it: keys and
-  values handed to librdkafka from the Arrow buffers (``_direct``), no Python
-  object per row;
+- ``produce_batch, error reports``: ``write_partition`` as the sink runs it
+  (``kafka2pc.delivery.reports=errors``, the anchor asked of the partition leader);
 - ``plain producer``: a ``confluent_kafka.Producer`` without transactions,
   ``produce`` per row, no delivery callback (the bench's at-least-once baseline).
 
@@ -86,11 +82,11 @@ def main() -> None:
     batches = make_batches(args.records, args.value_bytes)
     base = executor_config({"bootstrap.servers": bootstrap}, 60_000)
 
-    def sink_task(reports: str, direct: bool = False) -> Callable[[], Any]:
+    def sink_task(reports: str) -> Callable[[], Any]:
         def run() -> Any:
             config = dict(base, **{"kafka2pc.delivery.reports": reports})
             spec = WriterSpec(config, f"bench-task-{uuid.uuid4().hex[:8]}", topic, ("key", "value"), 0,
-                              fingerprint_column=HASH, direct_produce=direct)
+                              fingerprint_column=HASH)
             return write_partition(spec, iter(batches), 0, 0)
         return run
 
@@ -145,8 +141,7 @@ def main() -> None:
     variants: dict[str, Callable[[], Any]] = {
         "per-record produce, all reports (the first sink)": per_record,
         "produce_batch, all reports": sink_task("all"),
-        "produce_batch, error reports (the sink before direct produce)": sink_task("errors"),
-        "direct Arrow produce, error reports (the sink now)": sink_task("errors", direct=True),
+        "produce_batch, error reports (the sink now)": sink_task("errors"),
         "plain producer, no transaction, no callback (baseline)": plain,
     }
     for run in variants.values():  # warm-up: connections, imports, the shared control plane

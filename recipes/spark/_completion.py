@@ -69,8 +69,10 @@ def complete(
 
     admin.settle_many({t.transactional_id: t.prepared_state for t in decision.transactions},
                       raise_on_heuristic=False, on_settled=settled)
-    result.visible_at = time.monotonic()  # the markers are written: the rows are visible
+    result.visible_at = time.monotonic()  # the markers are written: the rows are visible...
     result.strays_aborted = settle_open(admin, transactional_id_base, by_tid)
+    if result.strays_aborted:  # ...unless a stray open transaction held the partition's last stable offset back
+        result.visible_at = time.monotonic()
     if unknown:
         # The last stable offset was held back (e.g. by a stray just aborted): ask again.
         outcomes = admin.outcomes_of_settled({tid: t.prepared_state for tid, t in unknown.items()},

@@ -93,13 +93,6 @@ class KafkaTwoPhaseSink:
     is pickled to the executors and called at each :class:`TaskStep` of a
     task, the second is called on the driver at each :class:`SinkStep`.
 
-    ``direct_produce`` (default on) lets the tasks hand keys and values to
-    librdkafka straight from the Arrow buffers, without a Python object per
-    row, where the batch's shape allows (the ``topic`` option, no
-    ``partition`` or ``headers`` column, ``message.timeout.ms`` not set); see
-    ``docs/spark.md`` (*Performance*).  ``False`` sends every batch through
-    :meth:`kafka2pc.TwoPhaseCommitProducer.produce_batch`.
-
     ``sink.metrics`` holds the last ``metrics_history`` :class:`BatchMetrics`;
     ``sink.last_batch_metrics`` the newest.  Call :meth:`recover` to settle
     leftovers without running a batch, :meth:`close` when the query is done.
@@ -125,7 +118,6 @@ class KafkaTwoPhaseSink:
         metrics_history: int = 100,
         faults: TaskHook | None = None,
         on_step: StepHook | None = None,
-        direct_produce: bool = True,
     ) -> None:
         config = dict(producer_config)
         if "bootstrap.servers" not in config:
@@ -148,7 +140,6 @@ class KafkaTwoPhaseSink:
         self._retain = max(2, decisions_to_retain)
         self._max_repairs = max_repairs
         self._task_hook = faults
-        self._direct_produce = direct_produce
         self._on_step = on_step
         self._metrics: deque[BatchMetrics] = deque(maxlen=max(1, metrics_history))
         self._admin: TransactionAdmin | None = None
@@ -297,7 +288,6 @@ class KafkaTwoPhaseSink:
             producer_config=self._executor_config(), transactional_id_base=b.transactional_id_base,
             topic=self._topic, columns=columns, batch_id=batch_id, only_partitions=only_partitions,
             task_hook=None if repair else self._task_hook, fingerprint_column=_FINGERPRINT_COLUMN,
-            direct_produce=self._direct_produce,
         )
         writer: Any = ArrowWriter(spec)
         job = (

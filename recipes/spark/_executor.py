@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from kafka2pc import QueueFullError, TransactionAdmin, TwoPhaseCommitProducer, UsageError
 
-from . import _direct
 from ._values import PartitionResult, UnknownTopicError, combine_fingerprints
 
 if TYPE_CHECKING:
@@ -96,8 +95,6 @@ class WriterSpec:
     task_hook: TaskHook | None = None
     fingerprint_column: str | None = None
     """The column with each row's ``xxhash64`` (added by the driver); absent when ``None``."""
-    direct_produce: bool = True
-    """Hand keys and values to librdkafka straight from the Arrow buffers where possible (see ``_direct``)."""
 
     def transactional_id(self, partition: int) -> str:
         """The transactional id partition ``partition`` writes under."""
@@ -162,45 +159,9 @@ def batch_fingerprint(spec: WriterSpec, batch: pa.RecordBatch) -> int:
     return int(low) + (int(high) << 32)
 
 
-@dataclass
-class DirectPath:
-    """A task's fast path (see :mod:`._direct`): the confluent-kafka producer, its librdkafka handle, whether used."""
-
-    raw: Any
-    handle: int
-    used: bool = False
-
-
-def direct_path(spec: WriterSpec, producer: TwoPhaseCommitProducer) -> DirectPath | None:
-    """The fast path for this task's producer, or ``None`` where it cannot serve (then ``produce_batch``)."""
-    if not spec.direct_produce or spec.topic is None or "message.timeout.ms" in spec.producer_config:
-        return None
-    raw = producer._require_producer()  # noqa: SLF001 - the recipe hands records to the same librdkafka
-    handle = _direct.handle_of(raw)
-    return None if handle is None else DirectPath(raw, handle)
-
-
-def produce_batch(
-    producer: TwoPhaseCommitProducer, spec: WriterSpec, batch: pa.RecordBatch, direct: DirectPath | None = None
-) -> int:
+def produce_batch(producer: TwoPhaseCommitProducer, spec: WriterSpec, batch: pa.RecordBatch) -> int:
     """Produce one Arrow record batch; return the number of records."""
     names = batch.schema.names
-    if (direct is not None and spec.topic is not None and "partition" not in names and "headers" not in names
-            and batch.num_rows > 1):
-        values = batch.column(names.index("value"))
-        keys = batch.column(names.index("key")) if "key" in names else None
-        # The first record goes through the producer's own call: it checks the
-        # transaction's state and notes the topic written (where the prepare asks
-        # for the anchor); the others follow it into the same librdkafka queues.
-        first = producer.produce_batch(
-            spec.topic, values.slice(0, 1).to_pylist(), None if keys is None else keys.slice(0, 1).to_pylist(),
-            timeout=_QUEUE_FULL_TIMEOUT_S,
-        )
-        direct.used = True
-        return first + _direct.produce_arrow(
-            direct.raw, direct.handle, spec.topic, values.slice(1), None if keys is None else keys.slice(1),
-            timeout=_QUEUE_FULL_TIMEOUT_S,
-        )
     values = batch.column(names.index("value")).to_pylist()
     keys = batch.column(names.index("key")).to_pylist() if "key" in names else None
     topics = (
@@ -236,13 +197,6 @@ def produce_batch(
     return len(values)
 
 
-def _flush_direct(producer: TwoPhaseCommitProducer, direct: DirectPath) -> None:
-    """Flush, failing fast if a record handed over directly was refused (librdkafka then holds the rest back)."""
-    deadline = time.monotonic() + _QUEUE_FULL_TIMEOUT_S
-    while producer.flush(0.2) and time.monotonic() < deadline:  # past the deadline the prepare's flush reports it
-        _direct.check_transaction(direct.raw, producer.transactional_id)
-
-
 def write_partition(
     spec: WriterSpec, batches: Iterable[pa.RecordBatch], partition: int, attempt: int
 ) -> PartitionResult | None:
@@ -268,7 +222,6 @@ def write_partition(
     producer = open_producer(spec, partition)
     open_s = time.monotonic() - started
     try:
-        direct = direct_path(spec, producer)
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -276,20 +229,14 @@ def write_partition(
                 if records == 0:
                     hook(TaskPoint(TaskStep.OPENED, spec, partition, attempt, (batch,)))
                 kept.append(batch)
-            records += produce_batch(producer, spec, batch, direct)
+            records += produce_batch(producer, spec, batch)
             fingerprint += batch_fingerprint(spec, batch)
             producer.poll(0)
         if records == 0:
             producer.close()  # nothing was sent: the transaction never reached the coordinator
             return None
         write_done = time.monotonic()
-        if direct is not None and direct.used:
-            _flush_direct(producer, direct)
         state = producer.prepare_transaction()
-        if direct is not None and direct.used:
-            # Records handed over directly have no delivery callback: a refused or
-            # timed-out one shows as librdkafka's abortable (or fatal) state.
-            _direct.check_transaction(direct.raw, producer.transactional_id)
         prepare_s = time.monotonic() - write_done
     except BaseException:
         _abort_quietly(producer)

@@ -148,7 +148,9 @@ class BatchMetrics:
     ``commit_latency_s`` is the part the two-phase commit adds after the last
     task finished: writing the decision plus committing the transactions.
     ``completion_s`` also holds the sweep for stray transactions that follows
-    the commits (the batch's rows are already visible then).
+    the commits (the batch's rows are already visible then, unless the sweep
+    aborted a stray that held them back: the time to visibility then ends
+    after the sweep).
     """
 
     batch_id: int
