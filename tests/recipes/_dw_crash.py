@@ -118,7 +118,8 @@ def run_job(job: dict[str, Any]) -> None:
             # parent lets us go on (SIGCONT) or kills us.
             phase["stopped"] = True
             _append(job["marker"], {"run": job["run"], "pid": os.getpid(), "step": step.value})
-            os.kill(os.getpid(), signal.SIGSTOP)
+            # Thread-directed, so that this thread stops before it runs on (see _pool_worker.py).
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
             return
         if phase["name"] == "recover":
             if step.value == job.get("recovery_point"):

@@ -86,7 +86,12 @@ def main(job: dict[str, Any]) -> None:
                 time.sleep(job["fault_delay_s"])  # e.g. let librdkafka send the records: the transaction is Ongoing
             _append(results, {"worker": job["worker"], "fault": key, "step": step.value, "pid": os.getpid(),
                               "rid": getattr(current, "rid", None), "t": time.time()})
-            os.kill(os.getpid(), signal.SIGKILL if key == "kill_at" else signal.SIGSTOP)
+            if key == "kill_at":
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:
+                # Thread-directed: a process-directed SIGSTOP may be taken by another thread, and this
+                # one ran on meanwhile (seen: past the database COMMIT) before the whole process stopped.
+                signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
 
     pool = WriterPool(
         engine, {"bootstrap.servers": job["bootstrap"], **job.get("producer_config", {})},
