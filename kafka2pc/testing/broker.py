@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -190,6 +191,32 @@ def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _answers_kafka(port: int, timeout: float = 1.0) -> bool:
+    """True when a Kafka broker answers an ApiVersions request on ``127.0.0.1:port``.
+
+    An open port alone is not enough: another process may hold it (the node's
+    JVM then fails to bind and exits a moment later), and a node registers
+    with the controller before its listener serves requests.
+    """
+    client = b"kafka2pc-ready"
+    correlation = 0x6B327063
+    request = struct.pack(">hhih", 18, 0, correlation, len(client)) + client  # ApiVersions v0, empty body
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(struct.pack(">i", len(request)) + request)
+            reply = b""
+            while len(reply) < 8:
+                chunk = s.recv(8 - len(reply))
+                if not chunk:
+                    return False
+                reply += chunk
+    except OSError:
+        return False
+    answered: int = struct.unpack(">i", reply[4:8])[0]
+    return answered == correlation
 
 
 def _port_free(port: int) -> bool:
@@ -457,7 +484,7 @@ class LocalKafka:
                     f"Kafka node(s) {dead} exited during start-up; see {self.log_file(dead[0])} "
                     f"and {self.home / f'node{dead[0]}' / 'stdout.log'}"
                 )
-            if all(_port_open(n.port) for n in self.nodes):
+            if all(_answers_kafka(n.port) for n in self.nodes):
                 try:
                     admin = AdminClient(with_librdkafka_logger({"bootstrap.servers": self.bootstrap_servers}))
                     md = admin.list_topics(timeout=5)
