@@ -77,7 +77,7 @@ from ._handle import DualWriteTransaction
 from ._lease import DEFAULT_LEASE_TABLE, Lease, lease_table
 from ._lifecycle import WriterState
 from ._pool import PoolExhaustedError, PoolMetrics, WriterPool
-from ._schema import DEFAULT_OUTBOX_TABLE, DEFAULT_STATE_TABLE, outbox_table, state_table
+from ._schema import DEFAULT_OUTBOX_TABLE, DEFAULT_STATE_TABLE, outbox_table, state_function_sql, state_table
 from ._store import MySQLStore, PostgresStore, RowLockStore, SQLiteStore, StateStore, store_for
 from ._values import (
     DualWriteMetrics,
@@ -119,6 +119,7 @@ __all__ = [
     "lease_table",
     "outbox_table",
     "recover_all",
+    "state_function_sql",
     "state_table",
     "store_for",
 ]

@@ -34,6 +34,7 @@ from ._lease import Lease, LeaseBook
 from ._lease import lease_table as _make_lease_table
 from ._lifecycle import WriterState
 from ._pipeline import CommitPipeline, InFlightCommit
+from ._schema import create_state_table
 from ._schema import state_table as _make_state_table
 from ._store import locked, store_for
 from ._values import DualWriteMetrics, RecoveryResult, StepHook
@@ -295,8 +296,8 @@ class WriterPool:
 
     def create_tables(self) -> None:
         """Create the state and lease tables if missing: a convenience for scripts and tests."""
-        for table in (self._state_table, self._lease_table):
-            table.create(self._engine, checkfirst=True)
+        create_state_table(self._engine, self._state_table)
+        self._lease_table.create(self._engine, checkfirst=True)
 
     def metrics(self) -> PoolMetrics:
         """A snapshot of the pool (no I/O; safe from any thread)."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-__all__ = ["DEFAULT_OUTBOX_TABLE", "DEFAULT_STATE_TABLE", "outbox_table", "state_table"]
+__all__ = [
+    "DEFAULT_OUTBOX_TABLE", "DEFAULT_STATE_TABLE", "outbox_table", "state_function_sql", "state_table",
+]
 
 DEFAULT_STATE_TABLE: Final = "kafka_transaction_state"
 DEFAULT_OUTBOX_TABLE: Final = "kafka_transaction_outbox"
@@ -22,12 +25,16 @@ def state_table(metadata: sa.MetaData, name: str = DEFAULT_STATE_TABLE, *, schem
     transaction or a recovery last wrote the row, moved strictly forward by
     every write (it is the row's version on databases other than PostgreSQL).  Calling it again with the
     same name returns the table already defined.
+
+    On PostgreSQL, creating the table (``metadata.create_all``,
+    ``table.create``) also creates its state function
+    (:func:`state_function_sql`), which makes the state update cheaper.
     """
     key = name if schema is None else f"{schema}.{name}"
     existing = metadata.tables.get(key)
     if existing is not None:
         return existing
-    return sa.Table(
+    table = sa.Table(
         name,
         metadata,
         sa.Column("transactional_id", sa.String(255), primary_key=True),
@@ -36,6 +43,80 @@ def state_table(metadata: sa.MetaData, name: str = DEFAULT_STATE_TABLE, *, schem
         sa.Column("updated_at", sa.TIMESTAMP().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb"), nullable=True),
         schema=schema,
     )
+    create = sa.DDL(state_function_sql(table))  # type: ignore[no-untyped-call]
+    drop = sa.DDL(  # type: ignore[no-untyped-call]
+        f"DROP FUNCTION IF EXISTS {_qualified(state_function_name(table), table.schema)}({_STATE_FUNCTION_ARGS})"
+    )
+    sa.event.listen(table, "after_create", create.execute_if(dialect="postgresql"))
+    sa.event.listen(table, "before_drop", drop.execute_if(dialect="postgresql"))
+    return table
+
+
+_STATE_FUNCTION_ARGS: Final = "text, text, text, text, timestamp"
+_ROW_CHANGED: Final = "kafka2pc: the state row changed (another writer took over the transactional id)"
+"""The error message of a guarded state update that found the row changed (the stores match on it)."""
+
+
+def state_function_name(table: sa.Table) -> str:
+    """The name of ``table``'s state function (in the table's schema): at most 63 characters."""
+    name = f"kafka2pc_store_{table.name}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(f"{table.schema}.{table.name}".encode()).hexdigest()[:10]
+    return f"{name[:52]}_{digest}"
+
+
+def _quote_identifier(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _qualified(name: str, schema: str | None) -> str:
+    return _quote_identifier(name) if schema is None else f"{_quote_identifier(schema)}.{_quote_identifier(name)}"
+
+
+def state_function_sql(table: sa.Table) -> str:
+    """PostgreSQL's ``CREATE OR REPLACE FUNCTION`` statement of ``table``'s state function.
+
+    The function is the writer's guarded state update: it stores a prepared
+    state iff the row still carries the writer's version (``xmin``) and the
+    state it last stored, and returns the row's new version; a changed row
+    raises (``22P02``), which rolls the transaction back.  PostgreSQL plans
+    it once per session, where the same update sent as text is parsed and
+    planned with every commit.  ``metadata.create_all`` creates it with the
+    table and :meth:`DualWriter.create_tables` on an existing table; with
+    migrations, run this statement once (a writer without it uses the
+    inline update, at about twice the database CPU per transaction).
+    """
+    target = _qualified(table.name, table.schema)
+    function = _qualified(state_function_name(table), table.schema)
+    message = _ROW_CHANGED.replace("'", "''")
+    return (
+        f"CREATE OR REPLACE FUNCTION {function}"
+        "(p_tid text, p_state text, p_token text, p_last text, p_now timestamp) "
+        "RETURNS bigint LANGUAGE plpgsql AS $kafka2pc$\n"
+        "DECLARE v text;\n"
+        "BEGIN\n"
+        f"  UPDATE {target} SET prepared_txn_state = p_state, updated_at = p_now\n"
+        "   WHERE transactional_id = p_tid AND xmin = p_token::xid\n"
+        "     AND prepared_txn_state IS NOT DISTINCT FROM p_last\n"
+        "  RETURNING xmin::text INTO v;\n"
+        f"  IF v IS NULL THEN RAISE EXCEPTION USING ERRCODE = '22P02', MESSAGE = '{message}'; END IF;\n"
+        "  RETURN v::bigint;\n"
+        "END\n"
+        "$kafka2pc$"
+    )
+
+
+def create_state_table(bind: sa.Engine | sa.Connection, table: sa.Table) -> None:
+    """Create ``table`` if missing and, on PostgreSQL, (re)create its state function (existing tables too)."""
+    table.create(bind, checkfirst=True)
+    if bind.dialect.name != "postgresql":
+        return
+    if isinstance(bind, sa.Engine):
+        with bind.begin() as conn:
+            conn.exec_driver_sql(state_function_sql(table))
+    else:
+        bind.exec_driver_sql(state_function_sql(table))
 
 
 def outbox_table(metadata: sa.MetaData, name: str = DEFAULT_OUTBOX_TABLE, *, schema: str | None = None) -> sa.Table:

@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from kafka2pc import IllegalStateError
 
+from ._schema import _ROW_CHANGED, _STATE_FUNCTION_ARGS, _qualified, state_function_name
 from ._values import StateRowLockedError
 
 if TYPE_CHECKING:
@@ -50,7 +51,6 @@ logger = logging.getLogger(__name__)
 # state row's optimistic concurrency token (compared as text, 32-bit xid: a false
 # match needs 2**32 transactions between a writer's two commits *and* a hit).
 _XMIN: Final[sa.ColumnClause[str]] = sa.literal_column("CAST(xmin AS text)")
-_ROW_CHANGED: Final = "kafka2pc: the state row changed (another writer took over the transactional id)"
 
 
 class TakenOver(Exception):
@@ -176,6 +176,9 @@ class PostgresStore:
         # psycopg 3 with the simple query protocol sends two statements in one round trip.
         self.combined_commit = driver == "psycopg"
         self._combined_template: str | None = None
+        self._function_template: str | None = None
+        """The call of the state function, once a claim found it (see ``state_function_sql``)."""
+        self._function_checked = False
 
     def _where(self, tid: str) -> sa.ColumnElement[bool]:
         return self.table.c.transactional_id == tid
@@ -189,6 +192,8 @@ class PostgresStore:
         from sqlalchemy.dialects import postgresql
 
         self._lock_timeout(conn, lock_timeout_ms)
+        if self.combined_commit:
+            self._find_function(conn)
         t = self.table
         row = conn.execute(
             sa.update(t).where(self._where(tid)).values(updated_at=_utcnow()).returning(t.c.prepared_txn_state, _XMIN)
@@ -201,6 +206,22 @@ class PostgresStore:
                 ).returning(t.c.prepared_txn_state, _XMIN)
             ).one()
         return Claimed(row[0], str(row[1]))
+
+    def _find_function(self, conn: sa.Connection) -> None:
+        """Use the table's state function if the database has it (checked at every claim: cheap)."""
+        t = self.table
+        name = _qualified(state_function_name(t), t.schema)
+        found = conn.execute(
+            sa.text("SELECT to_regprocedure(:signature) IS NOT NULL"),
+            {"signature": f"{name}({_STATE_FUNCTION_ARGS})"},
+        ).scalar_one()
+        if not found and not self._function_checked:
+            logger.info("%s has no state function %s: the state update is sent inline (create it with "
+                        "DualWriter.create_tables() or state_function_sql())", t.fullname, name)
+        braced = name.replace("{", "{{").replace("}", "}}")
+        self._function_template = f"SELECT {braced}({{tid}}, {{state}}, {{token}}, {{last}}, {{now}}); COMMIT" \
+            if found else None
+        self._function_checked = True
 
     def touch(self, conn: sa.Connection, tid: str, token: str, lock_timeout_ms: int | None) -> str:
         self._lock_timeout(conn, lock_timeout_ms)
@@ -235,9 +256,12 @@ class PostgresStore:
         Sent without parameters (see :func:`_execute_scalar`), so psycopg
         uses the simple query protocol (values quoted here, as psycopg would), which
         allows two statements: PostgreSQL runs them in order and skips the
-        ``COMMIT`` if the update fails.  A changed row makes the update's
-        result fail a cast, on purpose, naming the reason: the transaction then
-        rolls back instead of committing without its state.
+        ``COMMIT`` if the update fails.  A changed row fails the update with
+        ``22P02`` naming the reason, on purpose: the transaction then rolls
+        back instead of committing without its state.  The update is the
+        table's state function when the last claim found it (planned once per
+        session), else the same update inline (parsed and planned each time),
+        whose result then fails a cast.
         """
         import psycopg
         from psycopg import sql
@@ -245,17 +269,21 @@ class PostgresStore:
         driver = conn.connection.driver_connection
         if driver is None:
             raise IllegalStateError(f"{tid!r}: the database connection is closed")
-        if self._combined_template is None:  # the table's name quoted once; the values quoted per call
+        if self._function_template is not None:
+            template = self._function_template
+        elif self._combined_template is None:  # the table's name quoted once; the values quoted per call
             t = self.table
             name = sql.Identifier(t.schema, t.name) if t.schema else sql.Identifier(t.name)
             table = name.as_string(driver).replace("{", "{{").replace("}", "}}")
-            self._combined_template = (
+            template = self._combined_template = (
                 f"WITH u AS (UPDATE {table} SET prepared_txn_state = {{state}}, updated_at = {{now}} "
                 "WHERE transactional_id = {tid} AND xmin = {token}::xid "
                 "AND prepared_txn_state IS NOT DISTINCT FROM {last}::text RETURNING xmin::text AS t) "
                 f"SELECT CAST(COALESCE((SELECT t FROM u), {sql.Literal(_ROW_CHANGED).as_string(driver)}) AS bigint); "
                 "COMMIT"
             )
+        else:
+            template = self._combined_template
 
         if driver.info.parameter_status("standard_conforming_strings") == "on":
             quoted: Callable[[str | datetime | None], str] = _pg_literal
@@ -263,7 +291,7 @@ class PostgresStore:
             def quoted(value: str | datetime | None) -> str:
                 return sql.Literal(value).as_string(driver)
 
-        statement = self._combined_template.format(
+        statement = template.format(
             state=quoted(state), now=quoted(_utcnow()), tid=quoted(tid), token=quoted(token), last=quoted(last)
         )
         try:
@@ -271,6 +299,11 @@ class PostgresStore:
         except sa.exc.DBAPIError as exc:
             if isinstance(exc.orig, psycopg.errors.InvalidTextRepresentation) and _ROW_CHANGED in str(exc.orig):
                 raise TakenOver(tid) from exc
+            if isinstance(exc.orig, psycopg.errors.UndefinedFunction) and template is self._function_template:
+                # Dropped since the last claim: this transaction rolls back; the next ones update inline.
+                logger.warning("%s: the state function is gone (%s); the state update is sent inline from now on",
+                               tid, exc.orig)
+                self._function_template = None
             raise
         return str(new)
 

@@ -25,6 +25,7 @@ from ._bind import Bind, Bound
 from ._bind import bind as bind_target
 from ._handle import DualWriteTransaction
 from ._lifecycle import WriterState
+from ._schema import create_state_table
 from ._schema import outbox_table as _make_outbox_table
 from ._schema import state_table as _make_state_table
 from ._settle import Settling
@@ -171,9 +172,9 @@ class DualWriter(Settling):
 
     def create_tables(self) -> None:
         """Create the state (and outbox) table if missing: a convenience for scripts and tests."""
-        tables = [self._table] + ([self._outbox] if self._outbox is not None else [])
-        for table in tables:
-            table.create(self._engine, checkfirst=True)
+        create_state_table(self._engine, self._table)
+        if self._outbox is not None:
+            self._outbox.create(self._engine, checkfirst=True)
 
     def metrics(self) -> DualWriteMetrics:
         """A snapshot of this writer's gauges and counters (no I/O; safe from any thread)."""

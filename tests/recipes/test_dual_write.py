@@ -567,6 +567,89 @@ def test_postgres_backend_terminated_at_commit_aborts_kafka(pg_env: Env, pg_url:
     admin.dispose()
 
 
+def test_the_state_function_carries_the_update_and_a_writer_without_it_updates_inline(
+    pg_url: str, kafka_bootstrap: str
+) -> None:
+    """create_all makes the function; a table without it (migrations), or one dropped at run time, still works."""
+    engine = sa.create_engine(pg_url)
+    metadata = sa.MetaData()
+    name = f"st_{uuid.uuid4().hex[:8]}"
+    env = Env(engine, kafka_bootstrap, create_topic(kafka_bootstrap), uuid.uuid4().hex[:10],
+              state_table(metadata, name), items_table(metadata), outbox_table(metadata, f"ob_{name}"))
+    metadata.create_all(engine)
+    function = f"kafka2pc_store_{name}"
+    signature = f"{function}(text, text, text, text, timestamp)"
+
+    def has_function() -> bool:
+        with engine.connect() as conn:
+            return bool(conn.execute(sa.text("SELECT to_regprocedure(:s) IS NOT NULL"), {"s": signature}).scalar())
+
+    seen: list[str] = []
+    sa.event.listen(engine, "before_cursor_execute", lambda _c, _cur, stmt, *_rest: seen.append(stmt))
+
+    def combined() -> str:
+        return next(s for s in reversed(seen) if s.rstrip().endswith("COMMIT"))
+
+    assert has_function()
+    writer = env.writer()
+    writer.recover()
+    env.commit_one(writer, "via-function")
+    assert combined().startswith(f'SELECT "{function}"(')
+    with engine.begin() as conn:  # dropped while the writer runs: that transaction rolls back, clearly
+        conn.exec_driver_sql(f'DROP FUNCTION "{function}"(text, text, text, text, timestamp)')
+    with pytest.raises(sa.exc.ProgrammingError, match="does not exist"):
+        env.commit_one(writer, "lost-function")
+    env.commit_one(writer, "inline")  # the next one updates inline
+    assert "WITH u AS (UPDATE" in combined()
+    writer.close()
+    fresh = env.writer()  # a table made by a migration without the function: inline from the start
+    fresh.recover()
+    env.commit_one(fresh, "inline-again")
+    assert "WITH u AS (UPDATE" in combined()
+    fresh.create_tables()  # (re)creates the function of an existing table
+    assert has_function()
+    fresh.recover()  # the next claim finds it
+    env.commit_one(fresh, "via-function-again")
+    assert combined().startswith(f'SELECT "{function}"(')
+    assert env.rows() == {"via-function", "inline", "inline-again", "via-function-again"}
+    env.assert_consistent()
+    fresh.close()
+    metadata.drop_all(engine)  # drops the function with the table
+    assert not has_function()
+    engine.dispose()
+
+
+def test_the_state_function_refuses_a_changed_row_and_quotes_odd_names(pg_url: str) -> None:
+    """The function's guard is the inline update's: another version of the row makes it raise, nothing is stored."""
+    from kafka2pc.recipes.dual_write import state_function_sql
+
+    engine = sa.create_engine(pg_url)
+    metadata = sa.MetaData()
+    odd = state_table(metadata, 'odd "name" ' + "x" * 39)  # 50 characters: the function's name is hashed
+    with engine.begin() as conn:
+        conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "k2pc schema"')
+    other = state_table(metadata, "plain", schema="k2pc schema")
+    metadata.create_all(engine)
+    assert '"k2pc schema"."kafka2pc_store_plain"' in state_function_sql(other)
+    with engine.begin() as conn:
+        conn.execute(other.insert().values(transactional_id="t", prepared_txn_state=None))
+        token = conn.execute(sa.text('SELECT xmin::text FROM "k2pc schema".plain')).scalar_one()
+    call = sa.text('SELECT "k2pc schema".kafka2pc_store_plain(:tid, :state, :token, :last, now()::timestamp)')
+    with engine.begin() as conn:
+        new = conn.execute(call, {"tid": "t", "state": "s1", "token": token, "last": None}).scalar_one()
+    with engine.begin() as conn:  # the old token (or the wrong last state) no longer matches
+        for args in ({"token": token, "last": "s1"}, {"token": str(new), "last": None}):
+            with pytest.raises(sa.exc.DataError, match="the state row changed"), conn.begin_nested():
+                conn.execute(call, {"tid": "t", "state": "s2", **args})
+        assert conn.execute(sa.select(other.c.prepared_txn_state)).scalar_one() == "s1"
+    with engine.connect() as conn:
+        names = set(conn.execute(sa.text("SELECT proname FROM pg_proc WHERE proname LIKE 'kafka2pc_store_%'")).scalars())
+    assert "kafka2pc_store_plain" in names and any(len(n) <= 63 and n != "kafka2pc_store_plain" for n in names)
+    metadata.drop_all(engine)
+    assert odd.name.startswith("odd")
+    engine.dispose()
+
+
 @pytest.mark.parametrize("statement_listener", [False, True])
 def test_a_dead_connection_at_the_combined_commit_is_reported_as_sqlalchemy_does(
     pg_env: Env, pg_url: str, statement_listener: bool
@@ -596,7 +679,10 @@ def test_a_dead_connection_at_the_combined_commit_is_reported_as_sqlalchemy_does
             pg_env.write(writer, conn, tx, "dead")
         assert raised.value.connection_invalidated and conn.invalidated
     control.fn = None
-    assert any(s.rstrip().endswith("COMMIT") and "UPDATE" in s for s in seen) is statement_listener
+    # The combined statement (the state function's call, or the inline update, then COMMIT) went
+    # through SQLAlchemy, where the listener saw it, only when there is a listener.
+    assert any(s.rstrip().endswith("COMMIT") and ("UPDATE" in s or "kafka2pc_store_" in s)
+               for s in seen) is statement_listener
     assert pg_env.rows() == set() and pg_env.records() == []
     pg_env.commit_one(writer, "after")  # the pool hands out a live connection
     assert pg_env.records() == ["after"]

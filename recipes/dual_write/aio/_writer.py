@@ -17,6 +17,7 @@ from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 
 from .._handle import DualWriteTransaction
 from .._lifecycle import WriterState
+from .._schema import create_state_table
 from .._values import DualWriteMetrics, RecoveryResult, StepHook
 from .._writer import DualWriter
 from ._bridge import OffLoop, OffLoopTopicCheck, _GreenletProducer, in_greenlet, run_to_completion, wait_for
@@ -235,7 +236,10 @@ class AsyncDualWriter:
 
         def create(conn: sa.Connection) -> None:
             for table in tables:
-                table.create(conn, checkfirst=True)
+                if table is self.state_table:
+                    create_state_table(conn, table)
+                else:
+                    table.create(conn, checkfirst=True)
 
         async with self._engine.begin() as conn:
             await conn.run_sync(create)
