@@ -57,10 +57,13 @@ def end_offsets(
     bootstrap_servers: str, topic: str, isolation: Isolation = "read_uncommitted"
 ) -> dict[int, int]:
     """Per partition: the high watermark (``read_uncommitted``) or last stable offset (``read_committed``)."""
+    return _end_offsets(AdminClient(with_librdkafka_logger({"bootstrap.servers": bootstrap_servers})), topic, isolation)
+
+
+def _end_offsets(admin: AdminClient, topic: str, isolation: Isolation) -> dict[int, int]:
     from confluent_kafka import IsolationLevel
     from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
-    admin = AdminClient(with_librdkafka_logger({"bootstrap.servers": bootstrap_servers}))
     md = admin.list_topics(topic, timeout=10).topics[topic]
     level = (
         IsolationLevel.READ_COMMITTED if isolation == "read_committed" else IsolationLevel.READ_UNCOMMITTED
@@ -74,6 +77,10 @@ def end_offsets(
     return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
 
 
+MARKER_WAIT_S = 1.0
+"""How long :func:`drain` waits for a just-committed transaction's markers to move the last stable offset."""
+
+
 def drain(
     bootstrap_servers: str,
     topic: str,
@@ -85,8 +92,22 @@ def drain(
 
     The end is the last stable offset for ``read_committed`` (so records of an
     open transaction are not waited for) and the high watermark otherwise.
+    A transaction that has just committed is complete once its markers are
+    written, a few milliseconds after ``commit_transaction`` returned (the
+    coordinator writes them after it answered): while the last stable offset
+    is below the high watermark, it is read again for up to
+    ``MARKER_WAIT_S`` (then an open transaction is taken as open).
     """
-    ends = end_offsets(bootstrap_servers, topic, isolation)
+    admin = AdminClient(with_librdkafka_logger({"bootstrap.servers": bootstrap_servers}))
+    ends = _end_offsets(admin, topic, isolation)
+    if isolation == "read_committed":
+        waited_until = time.monotonic() + MARKER_WAIT_S
+        while time.monotonic() < waited_until:
+            high = _end_offsets(admin, topic, "read_uncommitted")
+            if all(ends.get(p, 0) >= h for p, h in high.items()):
+                break
+            time.sleep(0.02)
+            ends = _end_offsets(admin, topic, isolation)
     consumer = Consumer(
         with_librdkafka_logger({
             "bootstrap.servers": bootstrap_servers,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 
 from confluent_kafka import Producer
 
 from kafka2pc._control import ControlPlane
 from kafka2pc.testing import create_topic, drain, end_offsets
+from kafka2pc.testing._kafka import MARKER_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +57,28 @@ def test_open_transaction_pins_last_stable_offset(kafka_bootstrap: str) -> None:
     try:
         assert end_offsets(kafka_bootstrap, topic, "read_uncommitted") == {0: 1}
         assert end_offsets(kafka_bootstrap, topic, "read_committed") == {0: 0}
+        began = time.monotonic()
         assert drain(kafka_bootstrap, topic, "read_committed") == []
+        # An open transaction is waited for only briefly (its markers might have been on their way).
+        assert time.monotonic() - began < MARKER_WAIT_S + 10
     finally:
         producer.abort_transaction(30)
+
+
+def test_drain_right_after_a_commit_sees_the_committed_records(kafka_bootstrap: str) -> None:
+    """commit_transaction returns before the coordinator wrote the markers; drain waits for them."""
+    topic = create_topic(kafka_bootstrap, partitions=3)
+    producer = _producer(kafka_bootstrap)
+    producer.init_transactions(30)
+    expected: list[bytes] = []
+    for n in range(15):
+        producer.begin_transaction()
+        for i in range(3):
+            value = b"%d-%d" % (n, i)
+            producer.produce(topic, value=value, partition=(n + i) % 3)
+            expected.append(value)
+        producer.commit_transaction(30)
+        assert sorted(r.value for r in drain(kafka_bootstrap, topic)) == sorted(expected)
 
 
 TRANSACTION_APIS = ["InitProducerId", "EndTxn", "DescribeTransactions", "DescribeProducers", "ListTransactions"]
