@@ -44,7 +44,12 @@ def assert_loop_not_blocked(report: StallReport, label: str, *, stalled_fraction
     over_goal = report.over(STALL_GOAL_S)
     print(f"\n{label}: {report.summary()}; {over_goal} ticks over {STALL_GOAL_S * 1e3:.0f} ms")
     assert report.ticks > 0
-    assert report.max_stall < STALL_BOUND_S, f"{label}: {report.summary()} {report.slow_callbacks[:5]}"
+    # No callback (a kafka2pc call among them) held the loop past the bound, and at most one tick was
+    # that late: the whole process descheduled once on a loaded 2-CPU machine, which no callback
+    # caused (measured up to ~150 ms in CI with no slow callback behind it).  A blocking call shows
+    # up as a slow callback, and as late ticks at every call.
+    assert not [c for c in report.slow_callbacks if c[0] >= STALL_BOUND_S], f"{label}: {report.summary()}"
+    assert report.over(STALL_BOUND_S) <= 1, f"{label}: {report.summary()} {report.slow_callbacks[:5]}"
     if stalled_fraction is not None:
         # Calls that blocked would stall the loop for about as long as they take, most of the run.
         assert report.stalled_fraction < stalled_fraction, f"{label}: {report.summary()}"
@@ -106,7 +111,7 @@ def test_no_call_blocks_the_loop_with_the_broker_healthy(
 
     async def main() -> tuple[StallReport, int]:
         stop = asyncio.Event()
-        async with LoopStallMonitor() as monitor:
+        async with LoopStallMonitor(capture_slow_callbacks=True) as monitor:
             admin_task = asyncio.ensure_future(operator(stop))
             await asyncio.gather(*(transactions(n) for n in range(producers)))
             stop.set()
@@ -171,7 +176,7 @@ def test_no_call_blocks_the_loop_with_the_broker_stopped(private_kafka: LocalKaf
 
         async def down() -> tuple[StallReport, float]:
             start = time.monotonic()
-            async with LoopStallMonitor() as monitor:
+            async with LoopStallMonitor(capture_slow_callbacks=True) as monitor:
                 delivery = await a.produce(topic, value=b"a")
                 await asyncio.gather(
                     timed("a.prepare_transaction(3)", a.prepare_transaction(3), 20),
@@ -230,7 +235,7 @@ def test_calls_stuck_on_a_dead_cluster_do_not_delay_a_healthy_producer(
         pending = [asyncio.ensure_future(p.init_transactions(5)) for p in stuck]
         tid = f"k2pc-aio-alive-{uuid.uuid4().hex[:6]}"
         async with AsyncTwoPhaseCommitProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}) as p:
-            async with LoopStallMonitor() as monitor:
+            async with LoopStallMonitor(capture_slow_callbacks=True) as monitor:
                 start = time.monotonic()
                 await p.init_transactions(30)
                 for t in range(5):
