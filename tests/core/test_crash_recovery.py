@@ -8,8 +8,8 @@ state, ``init_transactions(keep_prepared_txn=True)``,
 database row has exactly one ``read_committed`` record and vice versa, and
 nothing is left hanging (last stable offset == high watermark).
 
-The main scenarios run on both broker lines (``any_kafka_bootstrap``: 4.3.1
-and 3.9.2).
+The main scenarios run on every broker line of CI's matrix (``any_kafka_bootstrap``:
+4.4.0, 4.3.1 and 3.9.2).
 """
 
 from __future__ import annotations
