@@ -363,7 +363,9 @@ class LocalKafka:
         try:
             for node in self.nodes:
                 self._write_config(node)
-                if fresh:
+                # A node whose storage is gone (a wipe that raced the dying JVM, a deleted data
+                # directory) is formatted again: Kafka refuses to start without meta.properties.
+                if fresh or not (self.home / f"node{node.node_id}" / "data" / "meta.properties").exists():
                     self._format(libs, node)
             for node in stopped:
                 self.start_node(node.node_id, wait=False)

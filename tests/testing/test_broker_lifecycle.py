@@ -1,7 +1,7 @@
 """A failed ``up`` leaves no JVM behind, and ``down`` is bounded when the quorum is gone.
 
 Real three-node KRaft clusters in a corner of this checkout's port block
-(``port_base() + 1700`` and ``+ 1720``), wiped afterwards.
+(``port_base() + 1700`` and ``+ 1720``; a one-node one at ``+ 1740``), wiped afterwards.
 """
 
 from __future__ import annotations
@@ -101,6 +101,24 @@ def test_down_is_bounded_when_the_quorum_is_gone() -> None:
         assert _jvms_of(kafka) == []
     finally:
         kafka.wipe()
+
+
+def test_up_formats_again_a_node_whose_storage_is_gone() -> None:
+    """cluster.json kept, the data directory lost (a wipe that raced the dying JVM): ``up`` still starts it."""
+    import shutil
+
+    kafka = LocalKafka(base_port=port_base() + 1740, name=f"lifecycle-reformat-{port_base()}")
+    again: LocalKafka | None = None
+    try:
+        kafka.start(timeout=180)
+        kafka.stop(kill=True)
+        shutil.rmtree(kafka.home / "node1" / "data")
+        again = LocalKafka.up(base_port=port_base() + 1740, name=f"lifecycle-reformat-{port_base()}")
+        assert again.cluster_id == kafka.cluster_id and again.running()
+        assert (again.home / "node1" / "data" / "meta.properties").exists()
+    finally:
+        (again or kafka).wipe()
+        assert _jvms_of(kafka) == []
 
 
 def test_down_all_only_touches_this_port_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
