@@ -32,3 +32,7 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
   touch "$stamp"
 fi
+# Byte-compile the checkout's packages now, as installing a wheel does: an editable install
+# compiles each module on its first import instead, and a thread compiling a large module holds
+# the GIL for tens of milliseconds, which the asyncio loop-stall tests measure as a stalled loop.
+.venv/bin/python -m compileall -q kafka2pc recipes cli >/dev/null
