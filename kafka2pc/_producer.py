@@ -71,8 +71,6 @@ Without it librdkafka would wait until the broker returns, bounded only by
 to about 35 minutes), holding the caller's database transaction all that time.
 A call given ``timeout`` ends within it plus :data:`TIMEOUT_SLACK_S`.
 """
-PRODUCE_BATCH_SLICE = 10_000
-"""Records :meth:`TwoPhaseCommitProducer.produce_batch` hands to librdkafka per call (bounds its temporary lists)."""
 TIMEOUT_SLACK_S = 1.0
 """What a bounded call may overrun its ``timeout`` by: the request or poll in
 flight when the deadline passes (librdkafka and kafka-python check their
@@ -180,6 +178,10 @@ class TwoPhaseCommitProducer:
     failed delivery fails the prepare in both modes; ``on_delivery`` callbacks
     see only failures in ``"errors"`` mode.  Setting
     ``delivery.report.only.error`` directly is refused.
+
+    ``on_delivery`` in the configuration is, as in confluent-kafka, the
+    callback of every record sent without one of its own (:meth:`produce_batch`
+    included); one passed to :meth:`produce` replaces it for that record.
     """
 
     def __init__(self, config: Mapping[str, Any], *, control_plane: ControlPlane | None = None) -> None:
@@ -231,6 +233,9 @@ class TwoPhaseCommitProducer:
         self._errors_only = reports == "errors"
         if self._errors_only:
             conf["delivery.report.only.error"] = True
+        default_cb = conf.pop("on_delivery", None)
+        if default_cb is not None and not callable(default_cb):
+            raise UsageError(f"on_delivery must be a callable (err, msg), not {default_cb!r}")
         _check_librdkafka_config(conf)
         self._config = conf
         self._ctrl = control_plane or ControlPlane(conf)
@@ -249,9 +254,10 @@ class TwoPhaseCommitProducer:
         self._delivery_error: KafkaError | None = None
         self._prepared: PreparedTxnState | None = None
         self._last_settlement: Settlement | None = None
-        # One shared delivery callback when the caller passes none: creating a
-        # closure per record was a third of produce()'s cost (Spark sink benchmark).
-        self._plain_delivery_callback = self._delivery_callback(None)
+        # The producer-level delivery callback (librdkafka's default for records sent
+        # without one; it calls the configuration's own ``on_delivery``): a record
+        # without a callback of its own carries no per-record Python object.
+        self._plain_delivery_callback = self._delivery_callback(default_cb)
 
     # -- introspection --------------------------------------------------------
     @property
@@ -329,11 +335,10 @@ class TwoPhaseCommitProducer:
             args = list(args)  # type: ignore[assignment]
             user_cb = args[3]
             args[3] = self._delivery_callback(user_cb)  # type: ignore[index]
-        else:
+        elif kwargs:
             user_cb = kwargs.pop("on_delivery", None) or kwargs.pop("callback", None)
-            kwargs["on_delivery"] = (
-                self._plain_delivery_callback if user_cb is None else self._delivery_callback(user_cb)
-            )
+            if user_cb is not None:
+                kwargs["on_delivery"] = self._delivery_callback(user_cb)
         producer = self._require_producer()
         if self._errors_only:
             self._note_written(topic, args[2] if len(args) >= 3 else kwargs.get("partition"))
@@ -359,10 +364,9 @@ class TwoPhaseCommitProducer:
         ``keys`` is ``None``); all go to ``partition``, or where the
         configured partitioner puts each key when it is ``None``.  Same
         outcome as calling :meth:`produce` for each record, for about 40 %
-        less CPU per record: records are handed to librdkafka in slices
-        of :data:`PRODUCE_BATCH_SLICE` through confluent-kafka's
-        ``Producer.produce_batch`` (per-record :meth:`produce` calls on a
-        confluent-kafka without it).  Delivery reports are served as for
+        less CPU per record: each record goes straight to librdkafka's
+        produce call, without :meth:`produce`'s per-call checks and argument
+        handling.  Delivery reports are served as for
         :meth:`produce` (by :meth:`poll`, :meth:`flush`,
         :meth:`prepare_transaction`): the first one delivered anchors the
         :class:`PreparedTxnState`, and a failed one fails the prepare.
@@ -381,49 +385,44 @@ class TwoPhaseCommitProducer:
         producer = self._require_producer()
         if self._errors_only and values:
             self._note_written(topic, partition)
-        batch = getattr(producer, "produce_batch", None)
         deadline = _deadline_after(timeout)
-        callback = self._plain_delivery_callback
+        # One librdkafka produce call per record, in the tightest loop Python
+        # allows: cheaper than confluent-kafka's Producer.produce_batch, which
+        # needs a dict per record.  Delivery reports go to the producer-level
+        # callback (_producer_config).
+        raw = producer.produce
         total = len(values)
-        queued = 0
-        for start in range(0, total, PRODUCE_BATCH_SLICE):
-            end = min(start + PRODUCE_BATCH_SLICE, total)
-            if batch is None:  # pragma: no cover - confluent-kafka without Producer.produce_batch
-                queued = self._produce_each(topic, values, keys, partition, start, end, deadline, queued)
-                continue
-            slice_values = values[start:end]
-            messages: list[dict[str, Any]]
-            if keys is None:
-                messages = [{"value": v} for v in slice_values]
-            else:
-                messages = [{"value": v, "key": k} for v, k in zip(slice_values, keys[start:end], strict=True)]
-            while True:
-                try:
-                    if partition is None:
-                        done = batch(topic, messages, on_delivery=callback)
+        start = 0
+        while start < total:
+            i = start
+            try:
+                if partition is None:
+                    if keys is None:
+                        for i in range(start, total):
+                            raw(topic, values[i])
                     else:
-                        done = batch(topic, messages, partition, on_delivery=callback)
-                except KafkaException as exc:
-                    raise self._failed("produce_batch", exc) from exc
-                if done == len(messages):
-                    queued += done
-                    break
-                # librdkafka queues a prefix: after the first QUEUE_FULL every later record fails too.
-                failed = [m for m in messages if "_error" in m]
-                queued += len(messages) - len(failed)
-                error: KafkaError = failed[0]["_error"]
-                if error.code() != KafkaError._QUEUE_FULL:
-                    raise self._failed("produce_batch", KafkaException(error))
+                        for i in range(start, total):
+                            raw(topic, values[i], keys[i])
+                elif keys is None:
+                    for i in range(start, total):
+                        raw(topic, values[i], None, partition)
+                else:
+                    for i in range(start, total):
+                        raw(topic, values[i], keys[i], partition)
+                break
+            except BufferError:  # record i was not queued: serve reports until there is room
                 if time.monotonic() >= deadline:
                     raise QueueFullError(
-                        f"produce_batch({topic!r}): the local queue stayed full; {queued} of {total} records "
-                        "were queued", queued=queued,
-                    )
-                for m in failed:
-                    del m["_error"]
-                messages = failed
+                        f"produce_batch({topic!r}): the local queue stayed full; {i} of {total} records "
+                        "were queued", queued=i,
+                    ) from None
                 self._call(lambda p: p.poll(0.01), "produce_batch")
-        return queued
+                start = i
+            except KafkaException as exc:
+                raise self._failed("produce_batch", exc) from exc
+            except TypeError as exc:  # records before i were queued, as with produce() per record
+                raise UsageError(f"produce_batch({topic!r}): record {i}: {exc}") from exc
+        return total
 
     def _note_written(self, topic: str, partition: int | None) -> None:
         """Remember where the transaction wrote (``kafka2pc.delivery.reports=errors`` finds its anchor there)."""
@@ -435,27 +434,6 @@ class TwoPhaseCommitProducer:
         else:
             known.add(partition)
             self._written[topic] = known
-
-    def _produce_each(
-        self, topic: str, values: Sequence[str | bytes | None], keys: Sequence[str | bytes | None] | None,
-        partition: int | None, start: int, end: int, deadline: float, queued: int,
-    ) -> int:
-        """:meth:`produce_batch`'s path on a confluent-kafka without ``Producer.produce_batch``."""
-        extra: dict[str, Any] = {} if partition is None else {"partition": partition}
-        for i in range(start, end):
-            while True:
-                try:
-                    self.produce(topic, values[i], None if keys is None else keys[i], **extra)
-                    break
-                except QueueFullError:
-                    if time.monotonic() >= deadline:
-                        raise QueueFullError(
-                            f"produce_batch({topic!r}): the local queue stayed full; {queued} of "
-                            f"{len(values)} records were queued", queued=queued,
-                        ) from None
-                    self.poll(0.01)
-            queued += 1
-        return queued
 
     def poll(self, timeout: float = 0) -> int:
         """Serve delivery reports (as ``confluent_kafka.Producer.poll``).
@@ -612,10 +590,7 @@ class TwoPhaseCommitProducer:
         if self._errors_only:
             self._note_written(self._anchor_topic, None)
         try:
-            producer.produce(
-                self._anchor_topic, key=self._transactional_id.encode(), value=b"",
-                on_delivery=self._plain_delivery_callback,
-            )
+            producer.produce(self._anchor_topic, key=self._transactional_id.encode(), value=b"")
         except BufferError as exc:
             raise QueueFullError(str(exc)) from exc
         except KafkaException as exc:
@@ -811,6 +786,7 @@ class TwoPhaseCommitProducer:
                     f", capped at librdkafka's limit of {LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS} ms"
                     if chosen == LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS else "",
                 )
+        conf["on_delivery"] = self._plain_delivery_callback
         return with_librdkafka_logger(conf)  # librdkafka's logs -> logging (kafka2pc._logging)
 
     @contextmanager

@@ -29,6 +29,9 @@ class StallReport:
     lateness: list[float] = field(default_factory=list)
     slow_callbacks: list[tuple[float, str]] = field(default_factory=list)
     """``(seconds, callback)`` of callbacks over the threshold (``capture_slow_callbacks=True`` only)."""
+    noise: float = 0.001
+    """Lateness up to this is the timer's own overshoot (waking a sleeping loop takes a fraction of a
+    millisecond, more on a busy machine), not a stall: :attr:`stalled_fraction` leaves it out."""
 
     @property
     def max_stall(self) -> float:
@@ -37,8 +40,11 @@ class StallReport:
 
     @property
     def stalled_fraction(self) -> float:
-        """Share of the monitored time the loop was stalled (sum of lateness / elapsed)."""
-        return sum(self.lateness) / self.elapsed if self.elapsed > 0 else 0.0
+        """Share of the monitored time the loop was stalled: the lateness of the ticks later than
+        :attr:`noise`, summed, over :attr:`elapsed`."""
+        if self.elapsed <= 0:
+            return 0.0
+        return sum(late for late in self.lateness if late > self.noise) / self.elapsed
 
     def over(self, seconds: float) -> int:
         """How many ticks were later than ``seconds``."""

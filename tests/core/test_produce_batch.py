@@ -134,6 +134,8 @@ def test_produce_batch_refuses_bad_input_and_wrong_states(
         producer.begin_transaction()
         with pytest.raises(UsageError, match="2 values but 1 keys"):
             producer.produce_batch(topic, [b"a", b"b"], [b"k"])
+        with pytest.raises(UsageError, match=r"record 1: .*"):
+            producer.produce_batch(topic, [b"a", 42])  # type: ignore[list-item]
         # A record librdkafka refuses locally (too large) raises the translated error, not a raw KafkaException.
         with pytest.raises(Kafka2pcError, match="produce_batch"):
             producer.produce_batch(topic, [b"ok", b"x" * 20_000])
@@ -257,3 +259,54 @@ def test_errors_only_reports_find_the_anchor_beyond_partition_0(
     records = drain(kafka_bootstrap, topic)
     assert [(r.partition, r.value) for r in records] == [(2, b"a"), (2, b"b")]
     assert state.anchor == (TopicPartition(topic, 2), records[0].offset)
+
+
+def test_a_configured_on_delivery_sees_every_record_sent_without_its_own(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], reports: str
+) -> None:
+    """``on_delivery`` in the configuration is the producer-level callback (as in confluent-kafka):
+    it sees the records of ``produce`` and ``produce_batch`` sent without a callback of their own
+    (only failures with errors-only reports); a record's own callback replaces it; the anchor holds."""
+    topic = topic_factory(partitions=1)
+    default: list[tuple[bool, int | None]] = []
+    own: list[int | None] = []
+    config = _config(kafka_bootstrap, reports,
+                     on_delivery=lambda err, msg: default.append((err is None, msg.offset())))
+    with TwoPhaseCommitProducer(config) as producer:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topic, value=b"a")
+        assert producer.produce_batch(topic, [b"b", b"c"]) == 2
+        producer.produce(topic, value=b"d", on_delivery=lambda err, msg: own.append(msg.offset()))
+        state = producer.prepare_transaction(30)
+        producer.commit_transaction(30)
+    assert state.anchor is not None and state.anchor[1] == 0
+    if reports == "all":
+        assert default == [(True, 0), (True, 1), (True, 2)]
+        assert own == [3]
+    else:
+        assert default == [] and own == []
+    assert [r.value for r in drain(kafka_bootstrap, topic)] == [b"a", b"b", b"c", b"d"]
+
+
+def test_a_configured_on_delivery_sees_failed_records_and_the_prepare_fails(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], reports: str
+) -> None:
+    """A record the broker refuses reaches the configured callback in both modes, and fails the prepare."""
+    topic = topic_factory(config={"max.message.bytes": "2000"})
+    failed: list[str] = []
+    config = _config(kafka_bootstrap, reports,
+                     on_delivery=lambda err, msg: failed.append(err.name()) if err is not None else None)
+    with TwoPhaseCommitProducer(config) as producer:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce_batch(topic, [b"y" * 5_000])
+        with pytest.raises(AbortableError):
+            producer.prepare_transaction(30)
+        producer.abort_transaction(30)
+    assert failed == ["MSG_SIZE_TOO_LARGE"]
+
+
+def test_a_configured_on_delivery_must_be_callable(kafka_bootstrap: str) -> None:
+    with pytest.raises(UsageError, match="on_delivery must be a callable"):
+        TwoPhaseCommitProducer(_config(kafka_bootstrap, on_delivery="print"))
