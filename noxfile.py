@@ -6,7 +6,9 @@ uses: ``$KAFKA2PC_PG_ADMIN_URL``, ``$KAFKA2PC_PORT_BASE``, ``$KAFKA_BOOTSTRAP_SE
 pass through):
 
 - core: crash recovery on every broker line, and the steady-state request count;
-- recipe: the dual-write tests and its crash matrix (SQLite), the asyncio writer's normal path;
+- recipe: the crash matrix (SQLite), consume-transform-produce across crashes (PostgreSQL and
+  SQLite), the asyncio writer's normal path (the rest of the recipe's tests run on one Python,
+  in the full suite);
 - packaging: sdist -> wheel -> a clean virtualenv on that Python, no extras.
 
 The full suite runs on one Python (``./scripts/test.sh``).  Interpreters are
@@ -26,7 +28,7 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 INTEGRATION_SUBSET = [
     "tests/core/test_crash_recovery.py",
     "tests/core/test_steady_state.py",
-    "tests/recipes/test_dual_write.py",
+    "tests/recipes/test_dual_write.py::test_consume_transform_produce_is_exactly_once_across_crashes",
     "tests/recipes/test_dual_write_crash.py::test_crash_matrix[sqlite]",
     "tests/recipes/test_async_dual_write.py::test_session_and_connection_commit_both_sides_through_the_same_steps",
     "tests/testing/test_packaging.py",

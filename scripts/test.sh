@@ -23,7 +23,7 @@ if [ -z "${KAFKA2PC_MARIADB_URL:-}" ]; then
 fi
 export KAFKA2PC_MARIADB_URL
 set +e
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=25 "$@"  # the slowest tests, to keep CI's time in view
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then
