@@ -330,11 +330,9 @@ class TwoPhaseCommitProducer:
         Raises :class:`QueueFullError` (also a ``BufferError``) when the local queue is full.
         """
         self._machine.check("produce")
-        user_cb: Callable[..., Any] | None
         if len(args) >= 4:
             args = list(args)  # type: ignore[assignment]
-            user_cb = args[3]
-            args[3] = self._delivery_callback(user_cb)  # type: ignore[index]
+            args[3] = self._delivery_callback(args[3])  # type: ignore[index]
         elif kwargs:
             user_cb = kwargs.pop("on_delivery", None) or kwargs.pop("callback", None)
             if user_cb is not None:
