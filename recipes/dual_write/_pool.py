@@ -96,6 +96,8 @@ class _Slot:
     epoch: int
     busy: bool = False
     lost: bool = False
+    freed_at: float = 0.0
+    """``time.monotonic()`` when the slot was last given back (0: never used)."""
 
     @property
     def tid(self) -> str:
@@ -564,10 +566,18 @@ class WriterPool:
                 while True:
                     if self._closed:
                         raise IllegalStateError(f"pool {self._prefix!r} is closed")
-                    for slot in reversed(self._slots):  # the most recently used first: its connections are warm
-                        if not slot.busy and not slot.lost:
-                            slot.busy = True
-                            return slot
+                    # The slot free the longest: its last Kafka commit has had the most time to write
+                    # its markers.  A transaction begun on a slot whose EndTxn has just returned has its
+                    # AddPartitionsToTxn refused (CONCURRENT_TRANSACTIONS) until they are written, and
+                    # librdkafka retries it only after a back-off (measured: a p99 of ~26 ms against
+                    # ~13 ms with four writers on eight slots).
+                    chosen: _Slot | None = None
+                    for slot in self._slots:
+                        if not slot.busy and not slot.lost and (chosen is None or slot.freed_at < chosen.freed_at):
+                            chosen = slot
+                    if chosen is not None:
+                        chosen.busy = True
+                        return chosen
                     if len(self._slots) + self._acquiring < self._max_slots:
                         self._acquiring += 1
                         break
@@ -629,6 +639,7 @@ class WriterPool:
                 logger.debug("%s: cannot read the leases: %s", slot.tid, exc)
         with self._cond:
             slot.busy = False
+            slot.freed_at = time.monotonic()
             if drop and slot in self._slots:
                 self._slots.remove(slot)
             self._cond.notify()

@@ -101,6 +101,41 @@ def test_concurrent_transactions_get_their_own_slots_and_ids_are_reused(db_url: 
     engine.dispose()
 
 
+def test_the_slot_free_the_longest_is_taken_first(pg_url: str, kafka_bootstrap: str) -> None:
+    """A slot just given back is taken last: its commit's markers may still be being written.
+
+    A transaction begun on it at once would have its AddPartitionsToTxn refused
+    (CONCURRENT_TRANSACTIONS) and wait for librdkafka's retry.  With two slots,
+    one thread's transactions therefore alternate between them.
+    """
+    engine = _engine(pg_url)
+    topic = create_topic(kafka_bootstrap)
+    prefix = _prefix("lru")
+    pool = WriterPool(engine, {"bootstrap.servers": kafka_bootstrap}, prefix=prefix, size=2, max_slots=2, lease_s=5)
+    items = items_table(sa.MetaData())
+    try:
+        # Two transactions at once: the pool makes its two slots.
+        with engine.connect() as c1, engine.connect() as c2, pool.transaction(c1) as t1, pool.transaction(c2) as t2:
+            for tx, conn, rid in ((t1, c1, f"{prefix}:a"), (t2, c2, f"{prefix}:b")):
+                tx.produce(topic, value=rid.encode(), key=rid.encode())
+                conn.execute(items.insert().values(id=rid, series=prefix))
+        assert len(pool.held_ids) == 2
+        used: list[str] = []
+        for n in range(6):
+            rid = f"{prefix}:{n}"
+            with engine.connect() as conn, pool.transaction(conn) as tx:
+                tx.produce(topic, value=rid.encode(), key=rid.encode())
+                conn.execute(items.insert().values(id=rid, series=prefix))
+                used.append(tx.transactional_id)
+        assert all(a != b for a, b in zip(used, used[1:])), used
+        assert set(used) == set(pool.held_ids)
+    finally:
+        pool.close()
+    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, prefix)
+    assert not problems and rows == records == 8
+    engine.dispose()
+
+
 def test_pool_exhausted_is_a_typed_error_in_bounded_time(pg_url: str, kafka_bootstrap: str) -> None:
     engine = _engine(pg_url)
     topic = create_topic(kafka_bootstrap)
