@@ -142,20 +142,17 @@ class Lane:
         )
         self.writer.recover()
         # The same transaction timeout as the recipe's producer, so that only the protocol differs.
-        self.plain = Producer({
-            "bootstrap.servers": bootstrap, "transactional.id": f"bench-plain-{name}",
-            "transaction.timeout.ms": _recipe_transaction_timeout_ms(self.writer),
-        })
-        self.plain.init_transactions()
-        # The bound's two producers and the thread their Kafka commits run on.
-        self.bound_producers = []
-        for i in range(2):
-            producer = Producer({
-                "bootstrap.servers": bootstrap, "transactional.id": f"bench-bound-{name}-{i}",
-                "transaction.timeout.ms": _recipe_transaction_timeout_ms(self.writer),
-            })
+        timeout_ms = _recipe_transaction_timeout_ms(self.writer)
+
+        def plain_producer(tid: str) -> Producer:
+            producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": tid,
+                                 "transaction.timeout.ms": timeout_ms})
             producer.init_transactions()
-            self.bound_producers.append(producer)
+            return producer
+
+        self.plain = plain_producer(f"bench-plain-{name}")
+        # The bound's two producers and the thread their Kafka commits run on.
+        self.bound_producers = [plain_producer(f"bench-bound-{name}-{i}") for i in range(2)]
         self.bound_commits: list[Future[None] | None] = [None, None]
         self.bound_next = 0
         self.committer = ThreadPoolExecutor(2, thread_name_prefix="bench-bound-commit")
@@ -176,15 +173,20 @@ class Lane:
                 tx.produce(topic, value=PAYLOAD, key=k)
             self.recipe_conn.execute(orders.insert(), [{"id": k, "payload": PAYLOAD} for k in keys])
 
-    def baseline(self, orders: sa.Table, topic: str, keys: list[str], *, ack_before_commit: bool = False) -> None:
+    def _plain_write(self, producer: Producer, orders: sa.Table, topic: str, keys: list[str], *,
+                     ack_before_commit: bool) -> None:
+        """The rows and records of a non-atomic write, up to its database COMMIT (the Kafka commit is the caller's)."""
         self.plain_conn.begin()
-        self.plain.begin_transaction()
+        producer.begin_transaction()
         for k in keys:
-            self.plain.produce(topic, value=PAYLOAD, key=k)
+            producer.produce(topic, value=PAYLOAD, key=k)
         self.plain_conn.execute(orders.insert(), [{"id": k, "payload": PAYLOAD} for k in keys])
         if ack_before_commit:
-            self.plain.flush()
+            producer.flush()
         self.plain_conn.commit()
+
+    def baseline(self, orders: sa.Table, topic: str, keys: list[str], *, ack_before_commit: bool = False) -> None:
+        self._plain_write(self.plain, orders, topic, keys, ack_before_commit=ack_before_commit)
         self.plain.commit_transaction()
 
     def floor(self, orders: sa.Table, topic: str, keys: list[str]) -> None:
@@ -199,13 +201,7 @@ class Lane:
         if pending is not None:
             pending.result()  # this producer's previous commit
         producer = self.bound_producers[index]
-        self.plain_conn.begin()
-        producer.begin_transaction()
-        for k in keys:
-            producer.produce(topic, value=PAYLOAD, key=k)
-        self.plain_conn.execute(orders.insert(), [{"id": k, "payload": PAYLOAD} for k in keys])
-        producer.flush()
-        self.plain_conn.commit()
+        self._plain_write(producer, orders, topic, keys, ack_before_commit=True)
         self.bound_commits[index] = self.committer.submit(producer.commit_transaction)
 
     def wait_bound(self) -> None:
