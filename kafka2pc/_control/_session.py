@@ -92,6 +92,7 @@ class Session:
         self._admin: KafkaAdminClient | None = None
         self._closed = False
         self._coordinators: dict[str, int] = {}
+        self._leaders: dict[TopicPartition, int] = {}
         self._requests: Counter[str] = Counter()
         quiet_kafka_python()  # kafka-python's INFO chatter -> DEBUG (kafka2pc._logging)
 
@@ -249,8 +250,8 @@ class Session:
         """``attempt_fn(admin, leader)`` with the partition-leader route's retries."""
 
         async def go(admin: KafkaAdminClient) -> _T:
-            async def resolve(_refresh: bool) -> int:
-                return await self._leader(admin, tp, deadline)
+            async def resolve(refresh: bool) -> int:
+                return await self._leader(admin, tp, refresh, deadline)
 
             return await self._with_route(
                 admin, Route.LEADER, context, deadline, resolve, lambda node: attempt_fn(admin, node)
@@ -274,7 +275,11 @@ class Session:
         self._coordinators[transactional_id] = node_id
         return node_id
 
-    async def _leader(self, admin: KafkaAdminClient, tp: TopicPartition, deadline: Deadline) -> int:
+    async def _leader(self, admin: KafkaAdminClient, tp: TopicPartition, refresh: bool, deadline: Deadline) -> int:
+        """Node id of the leader of ``tp`` (cached until it moves: a refresh asks Metadata again)."""
+        if not refresh and tp in self._leaders:
+            return self._leaders[tp]
+        self._leaders.pop(tp, None)
         context = f"Metadata for {tp.topic}-{tp.partition}"
         response = await self._send(admin, protocol.metadata(tp.topic), None, deadline, context)
         for topic in response.topics:
@@ -285,6 +290,7 @@ class Session:
                 if partition.partition_index == tp.partition:
                     if partition.leader_id < 0:
                         raise Retry(WireError.LEADER_NOT_AVAILABLE, re_resolve=True)
+                    self._leaders[tp] = int(partition.leader_id)
                     return int(partition.leader_id)
             raise translate_kafka_python_error(
                 WireError.UNKNOWN_TOPIC_OR_PARTITION, f"partition {tp} does not exist"

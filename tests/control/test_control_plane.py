@@ -347,3 +347,19 @@ def test_record_outcome_unknown_below_log_start(
     assert control.record_outcome(tp, 1) == "unknown"
     assert control.record_outcome(tp, 3) == "committed"
     assert control.record_outcome(tp, 5) == "ongoing"  # nothing stable there yet
+
+
+def test_partition_leader_is_looked_up_once(control: ControlPlane, topic_factory: Callable[..., str]) -> None:
+    """Calls routed to a partition leader ask Metadata for it once, then go straight to the leader."""
+    tp = TopicPartition(topic_factory(partitions=2), 1)
+    before = control.requests_sent.get("Metadata", 0)
+    for _ in range(3):
+        assert control.describe_producers(tp) == []
+        log_start, stable, high = control.partition_offsets(tp)
+        assert (log_start, stable, high) == (0, 0, 0)
+    sent = control.requests_sent
+    assert sent["Metadata"] == before + 1
+    assert sent["DescribeProducers"] >= 3
+    other = TopicPartition(tp.topic, 0)  # another partition is looked up on its own
+    control.describe_producers(other)
+    assert control.requests_sent["Metadata"] == before + 2

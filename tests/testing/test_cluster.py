@@ -73,3 +73,29 @@ def test_prepared_transaction_completes_after_coordinator_is_killed(cluster: Loc
     values = sorted(r.value for r in drain(bootstrap, topic, "read_committed", timeout=60))
     assert values == sorted(b"rec-%d" % i for i in range(6))
     assert end_offsets(bootstrap, topic, "read_committed") == end_offsets(bootstrap, topic, "read_uncommitted")
+
+
+def test_a_cached_partition_leader_that_died_is_looked_up_again(cluster: LocalKafka) -> None:
+    """The control plane keeps a partition's leader; when that broker dies it asks Metadata again and goes on."""
+    from confluent_kafka.admin import AdminClient
+
+    from kafka2pc import TopicPartition
+
+    bootstrap = cluster.bootstrap_servers
+    topic = create_topic(bootstrap, partitions=1, replication_factor=3)
+    tp = TopicPartition(topic, 0)
+    admin = TransactionAdmin({"bootstrap.servers": bootstrap}, request_timeout_s=20)
+    try:
+        assert admin.describe_producers(tp) == []
+        assert admin.describe_producers(tp) == []
+        metadata = admin.control_plane.requests_sent["Metadata"]
+        leader = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=20).topics[topic] \
+            .partitions[0].leader
+        cluster.stop_node(leader, kill=True)
+        try:
+            assert admin.describe_producers(tp, timeout=60) == []  # the new leader answers
+            assert admin.control_plane.requests_sent["Metadata"] > metadata
+        finally:
+            cluster.start_node(leader)
+    finally:
+        admin.close()
