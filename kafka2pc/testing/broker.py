@@ -21,6 +21,7 @@ The same operations are available from Python as :class:`LocalKafka`.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
@@ -161,6 +162,10 @@ def fetch_kafka_tools(version: str = KAFKA_TOOLS_VERSION) -> Path:
     return _maven_fetch(cache_dir() / "maven" / f"tools-{version}" / "libs", deps, f"kafka-tools {version}")
 
 
+FETCH_LOCK_TIMEOUT_S = 900.0
+"""How long a fetch waits for another process's Maven fetch before it gives up."""
+
+
 def _maven_fetch(libs: Path, deps: list[tuple[str, str, str]], what: str) -> Path:
     if (libs / ".complete").exists():
         return libs
@@ -168,6 +173,28 @@ def _maven_fetch(libs: Path, deps: list[tuple[str, str, str]], what: str) -> Pat
         raise BrokerError("Maven ('mvn') is needed to fetch Kafka jars: apt-get install maven")
     project = libs.parent
     project.mkdir(parents=True, exist_ok=True)
+    # Two processes (two test runs, two checkouts sharing the cache) may fetch at once: one
+    # Maven at a time (they share ~/.m2), and a second fetch of the same jars reuses the first's.
+    lock_path = cache_dir() / "maven" / ".fetch.lock"
+    with open(lock_path, "w") as lock:
+        deadline = time.monotonic() + FETCH_LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise BrokerError(
+                        f"waited {FETCH_LOCK_TIMEOUT_S:.0f}s for another process's Maven fetch "
+                        f"(it holds {lock_path}) before fetching {what}"
+                    ) from None
+                time.sleep(0.5)
+        if (libs / ".complete").exists():
+            return libs
+        return _maven_fetch_locked(project, libs, deps, what)
+
+
+def _maven_fetch_locked(project: Path, libs: Path, deps: list[tuple[str, str, str]], what: str) -> Path:
     (project / "pom.xml").write_text(
         _POM.format(deps="\n".join(_DEP.format(g=g, a=a, v=v) for g, a, v in deps))
     )
