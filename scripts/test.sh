@@ -8,9 +8,10 @@
 # side by side, each with its own brokers in its own port block
 # ($KAFKA2PC_PORT_BASE), because most tests wait on brokers, databases and
 # timeouts rather than use the CPU:
-#   1. everything but tests/spark, on the default block;
-#   2. on the next block: tests/spark, then the crash tests once more on every
-#      other broker line of CI's matrix (kafka2pc.testing._settings.CI_KAFKA_VERSIONS).
+#   1. everything but the directories in SECOND below, on the default block;
+#   2. on the next block: those directories (tests/spark and a few that start
+#      their own clusters), then the crash tests once more on every other broker
+#      line of CI's matrix (kafka2pc.testing._settings.CI_KAFKA_VERSIONS).
 #      The core crash tests already cover every line through the
 #      any_kafka_bootstrap fixture; the recipe crash tests
 #      (tests/recipes/test_*crash*.py) run again with $KAFKA_VERSION set, on
@@ -41,13 +42,14 @@ fi
 
 base=${KAFKA2PC_PORT_BASE:-20000}  # the next block of 2000 ports, or the one before when the next would reach 32768
 if (( base + 4000 <= 32768 )); then second=$(( base + 2000 )); else second=$(( base - 2000 )); fi
+SECOND=(tests/spark tests/testing tests/logs tests/cli)  # about a third of the suite's time
 second_log=$(mktemp)
 second_part() {
   local rc=0 line_rc version lines
   export KAFKA2PC_PORT_BASE=$second
-  echo "test.sh: tests/spark (port block $second)"
-  .venv/bin/python -m pytest -p no:cacheprovider --durations=10 tests/spark || rc=$?
-  [ "$rc" != 5 ] || { echo "test.sh: pytest collected no Spark tests: that is a failure"; rc=1; }
+  echo "test.sh: ${SECOND[*]} (port block $second)"
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=10 "${SECOND[@]}" || rc=$?
+  [ "$rc" != 5 ] || { echo "test.sh: pytest collected no tests in ${SECOND[*]}: that is a failure"; rc=1; }
   lines=$(.venv/bin/python -c 'from kafka2pc.testing._settings import CI_KAFKA_VERSIONS as v; print(*v[1:])')
   for version in $lines; do
     echo "test.sh: recipe crash tests on Kafka $version (port block $second)"
@@ -60,9 +62,9 @@ second_part() {
 }
 second_part >"$second_log" 2>&1 &
 second_pid=$!
-trap 'pkill -TERM -P "$second_pid" 2>/dev/null; kill "$second_pid" 2>/dev/null; rm -f "$second_log"' EXIT
+trap 'pkill -TERM -P "$second_pid" 2>/dev/null || true; kill "$second_pid" 2>/dev/null || true; rm -f "$second_log"' EXIT
 set +e
-.venv/bin/python -m pytest --durations=25 --ignore=tests/spark  # the slowest tests, to keep CI's time in view
+.venv/bin/python -m pytest --durations=25 "${SECOND[@]/#/--ignore=}"  # the slowest tests, to keep CI's time in view
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then
@@ -72,6 +74,6 @@ fi
 second_rc=0
 wait "$second_pid" || second_rc=$?
 cat "$second_log"
-echo "test.sh: the second part (tests/spark, crash tests on the other broker lines) exited $second_rc" >&2
+echo "test.sh: the second part (${SECOND[*]}, crash tests on the other broker lines) exited $second_rc" >&2
 [ "$rc" != 0 ] || rc=$second_rc
 exit "$rc"
