@@ -17,7 +17,9 @@
 #      (tests/recipes/test_*crash*.py) run again with $KAFKA_VERSION set, on
 #      PostgreSQL (what differs between broker lines is the broker; the SQLite
 #      and MariaDB variants of the same crash tests ran on the default line).
-# The second process's output follows the first's.
+# The second process's output follows the first's. Then, alone on the machine,
+# the tests marked "quiet" (they measure how late the event loop runs, which a
+# second CPU-heavy process would distort).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KAFKA2PC_EXTRAS=test,spark bash scripts/setup.sh  # test = sql,postgres,mysql,cli,otel + pytest
@@ -43,12 +45,13 @@ fi
 base=${KAFKA2PC_PORT_BASE:-20000}  # the next block of 2000 ports, or the one before when the next would reach 32768
 if (( base + 4000 <= 32768 )); then second=$(( base + 2000 )); else second=$(( base - 2000 )); fi
 SECOND=(tests/spark tests/testing tests/logs tests/cli)  # about a third of the suite's time
+parallel="not campaign and not quiet"
 second_log=$(mktemp)
 second_part() {
   local rc=0 line_rc version lines
   export KAFKA2PC_PORT_BASE=$second
   echo "test.sh: ${SECOND[*]} (port block $second)"
-  .venv/bin/python -m pytest -p no:cacheprovider --durations=10 "${SECOND[@]}" || rc=$?
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=10 -m "$parallel" "${SECOND[@]}" || rc=$?
   [ "$rc" != 5 ] || { echo "test.sh: pytest collected no tests in ${SECOND[*]}: that is a failure"; rc=1; }
   lines=$(.venv/bin/python -c 'from kafka2pc.testing._settings import CI_KAFKA_VERSIONS as v; print(*v[1:])')
   for version in $lines; do
@@ -64,7 +67,7 @@ second_part >"$second_log" 2>&1 &
 second_pid=$!
 trap 'pkill -TERM -P "$second_pid" 2>/dev/null || true; kill "$second_pid" 2>/dev/null || true; rm -f "$second_log"' EXIT
 set +e
-.venv/bin/python -m pytest --durations=25 "${SECOND[@]/#/--ignore=}"  # the slowest tests, to keep CI's time in view
+.venv/bin/python -m pytest --durations=25 -m "$parallel" "${SECOND[@]/#/--ignore=}"  # the slowest: CI's time in view
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then
@@ -76,4 +79,9 @@ wait "$second_pid" || second_rc=$?
 cat "$second_log"
 echo "test.sh: the second part (${SECOND[*]}, crash tests on the other broker lines) exited $second_rc" >&2
 [ "$rc" != 0 ] || rc=$second_rc
+echo "test.sh: the tests marked quiet, alone" >&2
+quiet_rc=0
+.venv/bin/python -m pytest -p no:cacheprovider -m "quiet and not campaign" || quiet_rc=$?
+[ "$quiet_rc" != 5 ] || { echo "test.sh: no test is marked quiet: that is a failure" >&2; quiet_rc=1; }
+[ "$rc" != 0 ] || rc=$quiet_rc
 exit "$rc"

@@ -82,6 +82,7 @@ def test_async_pool_config_errors(pg_url: str, kafka_bootstrap: str) -> None:
     asyncio.run(scenario())
 
 
+@pytest.mark.quiet  # measures the loop's lateness
 def test_many_tasks_share_bounded_reused_slots(db_url: str, kafka_bootstrap: str) -> None:
     """32 tasks x 3 transactions (every 7th fails) on 3 slots: I1-I5, ids reused, exhaustion typed, loop free."""
     sync_engine = _setup(db_url)
