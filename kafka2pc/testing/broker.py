@@ -191,10 +191,11 @@ def _maven_fetch(libs: Path, deps: list[tuple[str, str, str]], what: str) -> Pat
                 time.sleep(0.5)
         if (libs / ".complete").exists():
             return libs
-        return _maven_fetch_locked(project, libs, deps, what)
+        return _maven_fetch_locked(libs, deps, what)
 
 
-def _maven_fetch_locked(project: Path, libs: Path, deps: list[tuple[str, str, str]], what: str) -> Path:
+def _maven_fetch_locked(libs: Path, deps: list[tuple[str, str, str]], what: str) -> Path:
+    project = libs.parent
     (project / "pom.xml").write_text(
         _POM.format(deps="\n".join(_DEP.format(g=g, a=a, v=v) for g, a, v in deps))
     )

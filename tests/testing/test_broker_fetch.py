@@ -29,7 +29,7 @@ def _hold_lock(cache: Path) -> TextIO:
 
 def test_a_fetch_waits_for_the_running_one_and_reuses_its_download(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
-    monkeypatch.setattr(broker, "_maven_fetch_locked", lambda project, libs, deps, what: ran.append("mvn") or libs)
+    monkeypatch.setattr(broker, "_maven_fetch_locked", lambda libs, deps, what: ran.append("mvn") or libs)
     libs = cache / "maven" / "9.9.9" / "libs"
     lock = _hold_lock(cache)
 
