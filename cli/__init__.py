@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from kafka2pc import missing_extra
+from kafka2pc._extras import missing_extra
 
 try:
     import click
@@ -279,7 +279,7 @@ def cli() -> None:
 def list_command(min_open: int | None, states: tuple[str, ...], output: str) -> None:
     """Transactions across the cluster, oldest first, with the records each holds back."""
     with _admin() as admin:
-        infos = admin.list_transactions(min_open_ms=min_open, states=states)
+        infos = admin.list_transactions(min_open_s=None if min_open is None else min_open / 1000, states=states)
     if output == "json":
         click.echo(dump_json({"version": JSON_VERSION, "transactions": [transaction_json(i) for i in infos]}))
         return
@@ -502,7 +502,7 @@ def describe_producers_command(topic: str, partition: int, output: str) -> None:
     transaction on the partition ('-' when none is open): the partition's last
     stable offset cannot pass it until that transaction ends.
     """
-    from kafka2pc import TopicPartition
+    from kafka2pc import TopicAndPartition as TopicPartition
 
     with _admin() as admin:
         producers = admin.describe_producers(TopicPartition(topic, partition))
@@ -558,7 +558,7 @@ def find_hanging_command(
     limit = TransactionAdmin.DEFAULT_MAX_TRANSACTION_TIMEOUT_MS if max_timeout_ms is None else max_timeout_ms
     with _admin() as admin:
         tps = admin.partitions(topic=topic, partition=partition, broker_id=broker_id, timeout=_settings().timeout_s)
-        found = admin.find_hanging_transactions(tps, max_transaction_timeout_ms=limit)
+        found = admin.find_hanging_transactions(tps, max_transaction_timeout_s=limit / 1000)
     shown = [o for o in found if all_open or o.hanging]
     if output == "json":
         click.echo(dump_json({
@@ -611,7 +611,7 @@ def abort_command(
     transaction must be settled by 'complete' or 'recover', which know
     whether the database committed it.
     """
-    from kafka2pc import TopicPartition
+    from kafka2pc import TopicAndPartition as TopicPartition
 
     if (start_offset is None) == (producer_id is None and producer_epoch is None):
         raise click.UsageError("name the transaction by --start-offset, or by --producer-id and --producer-epoch")
@@ -632,7 +632,7 @@ def abort_command(
                              ExitCode.NOT_FOUND)
         target = matches[0]
         judged = next(
-            (o for o in admin.find_hanging_transactions([tp], max_transaction_timeout_ms=0)
+            (o for o in admin.find_hanging_transactions([tp], max_transaction_timeout_s=0)
              if o.producer.producer_id == target.producer_id),
             None,
         )

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka2pc import missing_extra
+from kafka2pc._extras import missing_extra
 
 try:
     import sqlalchemy as sa

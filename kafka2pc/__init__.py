@@ -26,10 +26,9 @@ from kafka2pc._exceptions import (
     UnsupportedBrokerError,
     UsageError,
 )
-from kafka2pc._extras import missing_extra
 from kafka2pc._machine import TxnState
 from kafka2pc._state import PreparedTxnState
-from kafka2pc._types import ProducerState, TopicPartition, TransactionDescription
+from kafka2pc._types import ProducerState, TopicAndPartition, TransactionDescription
 
 if TYPE_CHECKING:
     from kafka2pc._admin import PartitionLag, TransactionAdmin, TransactionInfo
@@ -53,7 +52,7 @@ _LAZY = {
     "TransactionOutcome": "kafka2pc._recovery",
 }
 
-__version__ = "0.1.0"
+__version__ = "1.0.0rc1"
 
 __all__ = [
     "AbortableError",
@@ -76,7 +75,7 @@ __all__ = [
     "RecoveryPlan",
     "RetriableError",
     "Settlement",
-    "TopicPartition",
+    "TopicAndPartition",
     "TransactionAdmin",
     "TransactionDescription",
     "TransactionInfo",
@@ -87,8 +86,13 @@ __all__ = [
     "UnsupportedBrokerError",
     "UsageError",
     "__version__",
-    "missing_extra",
 ]
+
+# 0.1 names, kept for one minor release: each access warns and names the replacement.
+_DEPRECATED = {
+    "TopicPartition": ("kafka2pc._types", "TopicAndPartition", "kafka2pc.TopicAndPartition"),
+    "missing_extra": ("kafka2pc._extras", "missing_extra", "nothing: it is internal to kafka2pc"),
+}
 
 
 def _present_as_public(obj: Any) -> None:
@@ -102,6 +106,14 @@ def _present_as_public(obj: Any) -> None:
 if not TYPE_CHECKING:  # type checkers see the imports above; a visible __getattr__ would hide typos
 
     def __getattr__(name: str) -> Any:
+        if name in _DEPRECATED:
+            import importlib
+
+            from kafka2pc._deprecation import renamed
+
+            module_name, attribute, replacement = _DEPRECATED[name]
+            renamed(f"kafka2pc.{name}", replacement)
+            return getattr(importlib.import_module(module_name), attribute)
         module_name = _LAZY.get(name)
         if module_name is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

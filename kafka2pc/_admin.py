@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from kafka2pc._control import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TIMEOUT_S, ControlPlane
 from kafka2pc._control._diagnosis import diagnose_unreachable
+from kafka2pc._deprecation import seconds_from_ms
 from kafka2pc._exceptions import KafkaTransactionError, UsageError
 from kafka2pc._hanging import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, OpenTransaction, find_open_transactions
 from kafka2pc._hanging import partitions as metadata_partitions
@@ -41,7 +42,7 @@ from kafka2pc._recovery import (
     wait_for_markers,
 )
 from kafka2pc._state import PreparedTxnState
-from kafka2pc._types import ProducerState, TopicPartition, TransactionDescription
+from kafka2pc._types import ProducerState, TopicAndPartition, TransactionDescription
 
 __all__ = ["PartitionLag", "TransactionAdmin", "TransactionInfo"]
 
@@ -103,7 +104,7 @@ class TransactionAdmin:
     Example::
 
         with TransactionAdmin({"bootstrap.servers": "localhost:9092"}) as admin:
-            for info in admin.list_transactions(min_open_ms=60_000):
+            for info in admin.list_transactions(min_open_s=60):
                 print(info.transactional_id, info.open_for_ms)
             admin.force_terminate_transaction("orders-1")
     """
@@ -197,13 +198,21 @@ class TransactionAdmin:
             return None if desc is None else self._info(desc)
 
     def list_transactions(
-        self, *, min_open_ms: int | None = None, states: Collection[str] = (), timeout: float | None = None
+        self,
+        *,
+        min_open_s: float | None = None,
+        states: Collection[str] = (),
+        timeout: float | None = None,
+        min_open_ms: int | None = None,
     ) -> list[TransactionInfo]:
         """Transactions across the cluster, oldest first.
 
-        ``min_open_ms`` keeps only transactions open at least that long (so
-        ``0`` lists every open transaction); ``states`` filters by coordinator state.
+        ``min_open_s`` keeps only transactions open at least that many
+        seconds (so ``0`` lists every open transaction); ``states`` filters by
+        coordinator state.  ``min_open_ms`` is its deprecated 0.1 spelling.
         """
+        min_open_s = seconds_from_ms("list_transactions", "min_open_ms", min_open_ms, "min_open_s", min_open_s)
+        min_open_ms_ = None if min_open_s is None else min_open_s * 1000.0
         with self._ctrl.deadline(timeout):
             listings = self._ctrl.list_transactions(states=states)
             infos: list[TransactionInfo] = []
@@ -212,7 +221,7 @@ class TransactionAdmin:
                 if desc is None:
                     continue
                 info = self._info(desc)
-                if min_open_ms is not None and (not info.is_open or info.open_for_ms < min_open_ms):
+                if min_open_ms_ is not None and (not info.is_open or info.open_for_ms < min_open_ms_):
                     continue
                 infos.append(info)
         return sorted(infos, key=lambda i: (-i.open_for_ms, i.transactional_id))
@@ -386,7 +395,7 @@ class TransactionAdmin:
                 decisions[tid] = Decision.ABORT
         return decisions
 
-    def describe_producers(self, partition: TopicPartition, *, timeout: float | None = None) -> list[ProducerState]:
+    def describe_producers(self, partition: TopicAndPartition, *, timeout: float | None = None) -> list[ProducerState]:
         """The active producers of ``partition`` (its leader's view, DescribeProducers).
 
         A producer's ``current_txn_start_offset`` is the first offset of the
@@ -396,7 +405,7 @@ class TransactionAdmin:
         with self._ctrl.deadline(timeout):
             return self._ctrl.describe_producers(partition)
 
-    def partition_lag(self, partition: TopicPartition, *, timeout: float | None = None) -> PartitionLag:
+    def partition_lag(self, partition: TopicAndPartition, *, timeout: float | None = None) -> PartitionLag:
         """The last stable offset and high watermark of ``partition``: what open transactions hold back."""
         with self._ctrl.deadline(timeout):
             return self._lag(partition)
@@ -408,32 +417,40 @@ class TransactionAdmin:
         partition: int | None = None,
         broker_id: int | None = None,
         timeout: float | None = None,
-    ) -> list[TopicPartition]:
+    ) -> list[TopicAndPartition]:
         """The partitions of ``topic`` (or only its ``partition``), or those ``broker_id`` leads, from metadata."""
         return metadata_partitions(self._config, topic=topic, partition=partition, broker_id=broker_id,
                                    timeout_s=self.timeout_s if timeout is None else timeout)
 
     def find_hanging_transactions(
         self,
-        partitions: Iterable[TopicPartition],
+        partitions: Iterable[TopicAndPartition],
         *,
-        max_transaction_timeout_ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+        max_transaction_timeout_s: float = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS / 1000,
         timeout: float | None = None,
+        max_transaction_timeout_ms: int | None = None,
     ) -> list[OpenTransaction]:
-        """Open transactions on ``partitions`` older than ``max_transaction_timeout_ms``, each judged hanging or not.
+        """Open transactions on ``partitions`` older than ``max_transaction_timeout_s``, each judged hanging or not.
 
         As ``kafka-transactions.sh find-hanging``: one is *hanging* unless a
         coordinator has that producer id's transaction open with the partition
-        in it.  Pass ``max_transaction_timeout_ms=0`` to judge every open one.
-        ``timeout`` bounds the whole call; without it each request is bounded
-        by the admin's ``timeout_s`` (a broker may lead thousands of partitions).
+        in it.  ``max_transaction_timeout_s`` is the broker's
+        ``transaction.max.timeout.ms`` in seconds (default 900); pass ``0`` to
+        judge every open one.  ``timeout`` bounds the whole call; without it
+        each request is bounded by the admin's ``timeout_s`` (a broker may lead
+        thousands of partitions).  ``max_transaction_timeout_ms`` is the
+        deprecated 0.1 spelling.
         """
+        limit_s = seconds_from_ms("find_hanging_transactions", "max_transaction_timeout_ms",
+                                  max_transaction_timeout_ms, "max_transaction_timeout_s", None)
+        if limit_s is None:
+            limit_s = max_transaction_timeout_s
         with self._ctrl.deadline(timeout) if timeout is not None else contextlib.nullcontext():
-            return find_open_transactions(self._ctrl, partitions, max_transaction_timeout_ms=max_transaction_timeout_ms)
+            return find_open_transactions(self._ctrl, partitions, max_transaction_timeout_ms=round(limit_s * 1000))
 
     def abort_partition_transaction(
         self,
-        partition: TopicPartition,
+        partition: TopicAndPartition,
         producer_id: int,
         producer_epoch: int,
         *,
@@ -484,6 +501,6 @@ class TransactionAdmin:
                 lags.append(self._lag(tp))
         return TransactionInfo(desc, open_for, tuple(lags))
 
-    def _lag(self, tp: TopicPartition) -> PartitionLag:
+    def _lag(self, tp: TopicAndPartition) -> PartitionLag:
         _, lso, hw = self._ctrl.partition_offsets(tp)
         return PartitionLag(tp.topic, tp.partition, lso, hw)

@@ -34,7 +34,7 @@ from typing import Any
 from kafka2pc._control import ControlPlane
 from kafka2pc._exceptions import UsageError
 from kafka2pc._logging import with_librdkafka_logger
-from kafka2pc._types import ProducerState, TopicPartition, TransactionDescription
+from kafka2pc._types import ProducerState, TopicAndPartition, TransactionDescription
 
 __all__ = ["DEFAULT_MAX_TRANSACTION_TIMEOUT_MS", "OpenTransaction", "find_open_transactions", "judge", "partitions"]
 
@@ -48,7 +48,7 @@ _OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEp
 class OpenTransaction:
     """One producer's open transaction on one partition, and what its coordinator says of it."""
 
-    partition: TopicPartition
+    partition: TopicAndPartition
     producer: ProducerState
     duration_ms: int
     """Milliseconds since the producer last wrote to the partition."""
@@ -60,7 +60,7 @@ class OpenTransaction:
 
 
 def judge(
-    tp: TopicPartition,
+    tp: TopicAndPartition,
     producer: ProducerState,
     transactional_ids: Sequence[str],
     descriptions: Mapping[str, TransactionDescription | None],
@@ -90,14 +90,14 @@ def judge(
 
 def find_open_transactions(
     ctrl: ControlPlane,
-    tps: Iterable[TopicPartition],
+    tps: Iterable[TopicAndPartition],
     *,
     max_transaction_timeout_ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
     now_ms: int | None = None,
 ) -> list[OpenTransaction]:
     """Open transactions on ``tps`` older than ``max_transaction_timeout_ms``, each judged hanging or not."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    candidates: list[tuple[TopicPartition, ProducerState]] = []
+    candidates: list[tuple[TopicAndPartition, ProducerState]] = []
     for tp in tps:
         for producer in ctrl.describe_producers(tp):
             if producer.current_txn_start_offset < 0:
@@ -128,7 +128,7 @@ def partitions(
     partition: int | None = None,
     broker_id: int | None = None,
     timeout_s: float = 15.0,
-) -> list[TopicPartition]:
+) -> list[TopicAndPartition]:
     """The partitions of ``topic`` (or only ``partition``), or those led by ``broker_id``, from metadata.
 
     Uses a confluent-kafka admin client for the cluster metadata (partitions
@@ -161,7 +161,7 @@ def partitions(
                 continue
             if broker_id is not None and part.leader != broker_id:
                 continue
-            result.append(TopicPartition(name, int(index)))
+            result.append(TopicAndPartition(name, int(index)))
     if topic is not None and partition is not None and not result:
         raise UsageError(f"topic {topic!r} has no partition {partition}")
     return sorted(result)

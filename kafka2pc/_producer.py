@@ -38,11 +38,16 @@ from kafka2pc._logging import with_librdkafka_logger
 from kafka2pc._machine import StateMachine, TxnState
 from kafka2pc._recovery import Settlement, settle
 from kafka2pc._state import PreparedTxnState
-from kafka2pc._types import TopicPartition
+from kafka2pc._types import TopicAndPartition
 
-__all__ = ["TwoPhaseCommitProducer"]
+__all__ = ["DeliveryCallback", "Headers", "TwoPhaseCommitProducer"]
 
 logger = logging.getLogger(__name__)
+
+DeliveryCallback = Callable[[KafkaError | None, Message], None]
+"""A record's delivery report: called with ``(error, message)``, ``error`` ``None`` when it was delivered."""
+Headers = dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]]
+"""Record headers: a dict, or a list of ``(name, value)`` pairs (names may repeat)."""
 
 TWO_PC_CONFIG = "transaction.two.phase.commit.enable"
 ANCHOR_TOPIC_CONFIG = "kafka2pc.anchor.topic"
@@ -324,24 +329,47 @@ class TwoPhaseCommitProducer:
         self._call(lambda p: p.begin_transaction(), "begin_transaction")
         self._machine.transition_to(TxnState.IN_TRANSACTION)
 
-    def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
-        """Send a record within the transaction: same arguments as ``confluent_kafka.Producer.produce``.
+    def produce(
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int = -1,
+        on_delivery: DeliveryCallback | None = None,
+        timestamp: int = 0,
+        headers: Headers | None = None,
+        *,
+        callback: DeliveryCallback | None = None,
+    ) -> None:
+        """Send a record within the transaction: the parameters of ``confluent_kafka.Producer.produce``.
+
+        ``partition=-1`` lets the configured partitioner choose; ``on_delivery``
+        is called with ``(error, message)`` from :meth:`poll` or :meth:`flush`
+        once the record is delivered or failed; ``timestamp`` is in
+        milliseconds since the epoch (``0``: now), as Kafka stores it;
+        ``headers`` is a dict or a list of ``(name, value)`` pairs.
+        ``callback`` is confluent-kafka's other name for ``on_delivery``.
 
         Raises :class:`QueueFullError` (also a ``BufferError``) when the local queue is full.
+
+        Example::
+
+            producer.produce("orders", value=b"created", key=b"42", headers={"source": b"web"})
         """
         self._machine.check("produce")
-        if len(args) >= 4:
-            args = list(args)  # type: ignore[assignment]
-            args[3] = self._delivery_callback(args[3])  # type: ignore[index]
-        elif kwargs:
-            user_cb = kwargs.pop("on_delivery", None) or kwargs.pop("callback", None)
-            if user_cb is not None:
-                kwargs["on_delivery"] = self._delivery_callback(user_cb)
+        user_cb = on_delivery if on_delivery is not None else callback
         producer = self._require_producer()
         if self._errors_only:
-            self._note_written(topic, args[2] if len(args) >= 3 else kwargs.get("partition"))
+            self._note_written(topic, partition)
         try:
-            producer.produce(topic, *args, **kwargs)
+            if user_cb is None and partition == -1 and timestamp == 0 and headers is None:
+                producer.produce(topic, value, key)
+            else:
+                producer.produce(
+                    topic, value=value, key=key, partition=partition,
+                    on_delivery=None if user_cb is None else self._delivery_callback(user_cb),
+                    timestamp=timestamp, headers=headers,
+                )
         except BufferError as exc:
             raise QueueFullError(str(exc)) from exc
         except KafkaException as exc:
@@ -499,7 +527,7 @@ class TwoPhaseCommitProducer:
             raise FatalError(f"prepare_transaction({self._transactional_id!r}): the marker record has no offset")
         state = PreparedTxnState._build(
             self._producer_id, self._epoch, self._transactional_id,
-            None if anchor is None else TopicPartition(anchor[0], anchor[1]),
+            None if anchor is None else TopicAndPartition(anchor[0], anchor[1]),
             -1 if anchor is None else anchor[2],
             sent_nothing=anchor is None,
         )
@@ -525,7 +553,7 @@ class TwoPhaseCommitProducer:
             if partitions is None:
                 # Partition 0 always exists and, for keyed records, was most likely written:
                 # ask it before spending a metadata request on the topic's partition count.
-                offset = self._txn_start_offset(TopicPartition(topic, 0), deadline)
+                offset = self._txn_start_offset(TopicAndPartition(topic, 0), deadline)
                 if offset is not None:
                     return topic, 0, offset
                 asked.add(0)
@@ -537,7 +565,7 @@ class TwoPhaseCommitProducer:
                 described = metadata.topics.get(topic)
                 partitions = set(described.partitions) if described is not None else set()
             for partition in sorted(partitions - asked):
-                offset = self._txn_start_offset(TopicPartition(topic, partition), deadline)
+                offset = self._txn_start_offset(TopicAndPartition(topic, partition), deadline)
                 if offset is not None:
                     return topic, partition, offset
         # Every record was delivered (no error report), yet no partition has the transaction open:
@@ -549,7 +577,7 @@ class TwoPhaseCommitProducer:
         self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=error)
         raise error
 
-    def _txn_start_offset(self, tp: TopicPartition, deadline: float) -> int | None:
+    def _txn_start_offset(self, tp: TopicAndPartition, deadline: float) -> int | None:
         """This producer's open transaction's first offset on ``tp`` (DescribeProducers), if it has one there."""
         with self._bounded(deadline, "prepare_transaction"):
             producers = self._ctrl.describe_producers(tp)

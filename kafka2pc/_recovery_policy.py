@@ -45,7 +45,7 @@ from kafka2pc._exceptions import (
     ProducerFencedError,
 )
 from kafka2pc._state import PreparedTxnState, topic_digest
-from kafka2pc._types import ProducerState, TopicPartition, TransactionDescription
+from kafka2pc._types import ProducerState, TopicAndPartition, TransactionDescription
 
 __all__ = [
     "Clock",
@@ -156,7 +156,7 @@ class DescribeTransaction:
 class DescribeProducers:
     """Answer: the partition leader's list of :class:`ProducerState`."""
 
-    partition: TopicPartition
+    partition: TopicAndPartition
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class ListTopics:
 class RecordOutcome:
     """Answer: ``"committed"``, ``"aborted"``, ``"ongoing"`` or ``"unknown"`` for the record at ``offset``."""
 
-    partition: TopicPartition
+    partition: TopicAndPartition
     offset: int
 
 
@@ -314,7 +314,7 @@ def resolve_outcomes(
     }
 
 
-def open_at(tp: TopicPartition, producer_id: int, offset: int) -> Policy[bool]:
+def open_at(tp: TopicAndPartition, producer_id: int, offset: int) -> Policy[bool]:
     """Does ``producer_id`` have a transaction open on ``tp`` that started at ``offset``?"""
     producers: list[ProducerState] = yield DescribeProducers(tp)
     return producer_open_at(producers, producer_id, offset)
@@ -346,19 +346,19 @@ def is_open_prepared(desc: TransactionDescription, state: PreparedTxnState) -> P
         return desc.producer_epoch == state.epoch and all(tp.topic in INTERNAL_TOPICS for tp in desc.partitions)
     tp, offset = anchor
     topic = resolve_anchor_topic(tp.topic, sorted({p.topic for p in desc.partitions}))
-    if topic is None or TopicPartition(topic, tp.partition) not in desc.partitions:
+    if topic is None or TopicAndPartition(topic, tp.partition) not in desc.partitions:
         return False
-    return (yield from open_at(TopicPartition(topic, tp.partition), desc.producer_id, offset))
+    return (yield from open_at(TopicAndPartition(topic, tp.partition), desc.producer_id, offset))
 
 
-def anchor_partition(state: PreparedTxnState) -> Policy[tuple[TopicPartition, int] | None]:
+def anchor_partition(state: PreparedTxnState) -> Policy[tuple[TopicAndPartition, int] | None]:
     """The anchor of ``state`` with its topic name resolved (``None``: no anchor, or the topic is gone)."""
     anchor = state.anchor
     if anchor is None:
         return None
     tp, offset = anchor
     topic = resolve_anchor_topic(tp.topic, (yield ListTopics()))
-    return None if topic is None else (TopicPartition(topic, tp.partition), offset)
+    return None if topic is None else (TopicAndPartition(topic, tp.partition), offset)
 
 
 def stored_outcome(state: PreparedTxnState) -> Policy[TransactionOutcome]:

@@ -61,7 +61,7 @@ import re
 from typing import Any, Final
 
 from kafka2pc._exceptions import InvalidPreparedStateError, TransactionalIdMismatchError
-from kafka2pc._types import TopicPartition
+from kafka2pc._types import TopicAndPartition
 
 __all__ = ["MAX_STATE_LENGTH", "PreparedTxnState", "topic_digest", "transactional_id_digest"]
 
@@ -110,7 +110,7 @@ class PreparedTxnState:
     _producer_id: int
     _epoch: int
     _tid_digest: str | None
-    _anchor_tp: TopicPartition | None
+    _anchor_tp: TopicAndPartition | None
     _anchor_offset: int
     _sent_nothing: bool
 
@@ -130,7 +130,7 @@ class PreparedTxnState:
         match = _V1_RE.fullmatch(text)
         if match is not None:
             pid, epoch, tid, part, off, topic, nothing = match.groups()
-            anchor = None if part is None else TopicPartition(topic, int(part))
+            anchor = None if part is None else TopicAndPartition(topic, int(part))
             self._set(
                 int(pid), int(epoch), tid, anchor, -1 if off is None else int(off), sent_nothing=nothing is not None
             )
@@ -151,7 +151,7 @@ class PreparedTxnState:
         producer_id: int,
         epoch: int,
         transactional_id: str,
-        anchor: TopicPartition | None = None,
+        anchor: TopicAndPartition | None = None,
         anchor_offset: int = -1,
         *,
         sent_nothing: bool = False,
@@ -170,7 +170,7 @@ class PreparedTxnState:
         if anchor is not None and len(str(state)) > MAX_STATE_LENGTH:
             state._set(
                 producer_id, epoch, state._tid_digest,
-                TopicPartition(topic_digest(anchor.topic), anchor.partition), anchor_offset,
+                TopicAndPartition(topic_digest(anchor.topic), anchor.partition), anchor_offset,
             )
         return state
 
@@ -179,7 +179,7 @@ class PreparedTxnState:
         producer_id: int,
         epoch: int,
         tid_digest: str | None,
-        anchor: TopicPartition | None,
+        anchor: TopicAndPartition | None,
         anchor_offset: int,
         *,
         sent_nothing: bool = False,
@@ -231,7 +231,7 @@ class PreparedTxnState:
         return 0 if self._tid_digest is None else 1
 
     @property
-    def anchor(self) -> tuple[TopicPartition, int] | None:
+    def anchor(self) -> tuple[TopicAndPartition, int] | None:
         """``(topic_partition, offset)`` of the transaction's first record on one partition, if any.
 
         A topic that was too long to store appears as its ``#``-digest.

@@ -12,18 +12,28 @@ from dataclasses import dataclass
 __all__ = [
     "InitProducerIdResult",
     "ProducerState",
-    "TopicPartition",
+    "TopicAndPartition",
     "TransactionDescription",
     "TransactionListing",
 ]
 
 
 @dataclass(frozen=True, order=True)
-class TopicPartition:
-    """One partition of one topic."""
+class TopicAndPartition:
+    """One partition of one topic, as kafka2pc's admin calls take and return it.
+
+    A plain value (hashable, ordered), independent of confluent-kafka's
+    mutable ``confluent_kafka.TopicPartition``, which
+    :meth:`~kafka2pc.TwoPhaseCommitProducer.send_offsets_to_transaction` takes
+    (with the offsets to commit).
+    """
 
     topic: str
     partition: int
+
+
+TopicPartition = TopicAndPartition
+"""The spelling the private modules use (the public name is :class:`TopicAndPartition`)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,7 @@ class TransactionDescription:
     producer_epoch: int
     timeout_ms: int
     start_time_ms: int
-    partitions: tuple[TopicPartition, ...]
+    partitions: tuple[TopicAndPartition, ...]
     coordinator_id: int
 
 

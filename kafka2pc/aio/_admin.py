@@ -21,12 +21,13 @@ from kafka2pc import (
     ProducerState,
     RecoveryPlan,
     Settlement,
-    TopicPartition,
+    TopicAndPartition,
     TransactionAdmin,
     TransactionDescription,
     TransactionInfo,
     TransactionOutcome,
 )
+from kafka2pc._deprecation import seconds_from_ms
 from kafka2pc.aio._worker import SerialWorker
 
 __all__ = ["AsyncTransactionAdmin"]
@@ -46,12 +47,19 @@ class AsyncTransactionAdmin:
 
         async with AsyncTransactionAdmin({"bootstrap.servers": "localhost:9092"}) as admin:
             settlement = await admin.complete_transaction("orders-1", PreparedTxnState(stored_text))
-            for info in await admin.list_transactions(min_open_ms=60_000):
+            for info in await admin.list_transactions(min_open_s=60):
                 logger.warning("%s open for %d ms", info.transactional_id, info.open_for_ms)
     """
 
-    def __init__(self, config: Mapping[str, Any], *, request_timeout_s: float = 30.0) -> None:
-        self._sync = TransactionAdmin(config, request_timeout_s=request_timeout_s)
+    def __init__(
+        self, config: Mapping[str, Any], *, timeout_s: float | None = None, request_timeout_s: float | None = None
+    ) -> None:
+        """``config``, ``timeout_s`` and ``request_timeout_s`` as for :class:`kafka2pc.TransactionAdmin`.
+
+        ``timeout_s`` bounds each method call given no ``timeout`` (default
+        30 s); ``request_timeout_s`` each request on the wire.
+        """
+        self._sync = TransactionAdmin(config, timeout_s=timeout_s, request_timeout_s=request_timeout_s)
         self._worker = SerialWorker("kafka2pc-aio-admin")
         self._closed = False
 
@@ -60,32 +68,54 @@ class AsyncTransactionAdmin:
         """The wrapped sync admin."""
         return self._sync
 
-    async def describe_transaction(self, transactional_id: str) -> TransactionInfo | None:
+    @property
+    def timeout_s(self) -> float:
+        """The bound of a method call given no ``timeout``."""
+        return self._sync.timeout_s
+
+    async def describe_transaction(
+        self, transactional_id: str, *, timeout: float | None = None
+    ) -> TransactionInfo | None:
         """The coordinator's view of ``transactional_id`` (``None`` if unknown), with partition costs."""
-        return await self._call(functools.partial(self._sync.describe_transaction, transactional_id))
+        return await self._call(functools.partial(self._sync.describe_transaction, transactional_id, timeout=timeout))
 
     async def list_transactions(
-        self, *, min_open_ms: int | None = None, states: Collection[str] = ()
+        self,
+        *,
+        min_open_s: float | None = None,
+        states: Collection[str] = (),
+        timeout: float | None = None,
+        min_open_ms: int | None = None,
     ) -> list[TransactionInfo]:
         """Transactions across the cluster, oldest first.
 
-        Filters as :meth:`kafka2pc.TransactionAdmin.list_transactions`.
+        Filters as :meth:`kafka2pc.TransactionAdmin.list_transactions`
+        (``min_open_ms`` is the deprecated spelling of ``min_open_s``).
         """
+        min_open_s = seconds_from_ms("list_transactions", "min_open_ms", min_open_ms, "min_open_s", min_open_s)
         return await self._call(
-            functools.partial(self._sync.list_transactions, min_open_ms=min_open_ms, states=states)
+            functools.partial(self._sync.list_transactions, min_open_s=min_open_s, states=states, timeout=timeout)
         )
 
-    async def force_terminate_transaction(self, transactional_id: str) -> TransactionDescription | None:
+    async def force_terminate_transaction(
+        self, transactional_id: str, *, only_ongoing: bool = False, timeout: float | None = None
+    ) -> TransactionDescription | None:
         """Abort whatever is open under ``transactional_id`` and fence its producer; return the prior description."""
-        return await self._call(functools.partial(self._sync.force_terminate_transaction, transactional_id))
+        return await self._call(functools.partial(
+            self._sync.force_terminate_transaction, transactional_id, only_ongoing=only_ongoing, timeout=timeout))
 
-    async def transaction_outcome(self, transactional_id: str, state: PreparedTxnState) -> TransactionOutcome:
+    async def transaction_outcome(
+        self, transactional_id: str, state: PreparedTxnState, *, timeout: float | None = None
+    ) -> TransactionOutcome:
         """Ongoing, committed or aborted: what became of the transaction ``state`` names."""
-        return await self._call(functools.partial(self._sync.transaction_outcome, transactional_id, state))
+        return await self._call(
+            functools.partial(self._sync.transaction_outcome, transactional_id, state, timeout=timeout))
 
-    async def plan_recovery(self, transactional_id: str, state: PreparedTxnState) -> RecoveryPlan:
+    async def plan_recovery(
+        self, transactional_id: str, state: PreparedTxnState, *, timeout: float | None = None
+    ) -> RecoveryPlan:
         """What :meth:`complete_transaction` would do, without doing it."""
-        return await self._call(functools.partial(self._sync.plan_recovery, transactional_id, state))
+        return await self._call(functools.partial(self._sync.plan_recovery, transactional_id, state, timeout=timeout))
 
     async def complete_transaction(
         self,
@@ -94,6 +124,7 @@ class AsyncTransactionAdmin:
         *,
         fence: bool = True,
         raise_on_heuristic: bool = True,
+        timeout: float | None = None,
     ) -> Settlement:
         """KIP-939 ``completeTransaction`` from any process: commit iff ``state`` is the open transaction.
 
@@ -105,19 +136,20 @@ class AsyncTransactionAdmin:
         return await self._call(
             functools.partial(
                 self._sync.complete_transaction, transactional_id, state,
-                fence=fence, raise_on_heuristic=raise_on_heuristic,
+                fence=fence, raise_on_heuristic=raise_on_heuristic, timeout=timeout,
             )
         )
 
-    async def outcome_of(self, state: PreparedTxnState) -> TransactionOutcome:
+    async def outcome_of(self, state: PreparedTxnState, *, timeout: float | None = None) -> TransactionOutcome:
         """What became of the (settled) transaction ``state`` names: a read-only probe of its anchor record."""
-        return await self._call(functools.partial(self._sync.outcome_of, state))
+        return await self._call(functools.partial(self._sync.outcome_of, state, timeout=timeout))
 
     async def outcomes_of_settled(
-        self, states: Mapping[str, PreparedTxnState], *, wait_s: float = 0.0
+        self, states: Mapping[str, PreparedTxnState], *, wait_s: float = 0.0, timeout: float | None = None
     ) -> dict[str, TransactionOutcome]:
         """The outcome of each settled transaction, asked again while unknown for up to ``wait_s``."""
-        return await self._call(functools.partial(self._sync.outcomes_of_settled, states, wait_s=wait_s))
+        return await self._call(
+            functools.partial(self._sync.outcomes_of_settled, states, wait_s=wait_s, timeout=timeout))
 
     async def settle_many(
         self,
@@ -127,6 +159,7 @@ class AsyncTransactionAdmin:
         raise_on_heuristic: bool = True,
         on_settled: Callable[[str, Settlement], None] | None = None,
         markers_timeout_s: float = 10.0,
+        timeout: float | None = None,
     ) -> dict[str, Settlement]:
         """Settle each transactional id in ``states``, then wait for the markers.
 
@@ -135,49 +168,67 @@ class AsyncTransactionAdmin:
         """
         return await self._call(functools.partial(
             self._sync.settle_many, states, fence=fence, raise_on_heuristic=raise_on_heuristic,
-            on_settled=on_settled, markers_timeout_s=markers_timeout_s,
+            on_settled=on_settled, markers_timeout_s=markers_timeout_s, timeout=timeout,
         ))
 
     async def settle_open(
-        self, matching: Callable[[str], bool], states: Mapping[str, PreparedTxnState]
+        self, matching: Callable[[str], bool], states: Mapping[str, PreparedTxnState], *, timeout: float | None = None
     ) -> dict[str, Decision]:
         """Settle every open transaction whose id is ``matching`` (``matching`` runs in the admin's thread)."""
-        return await self._call(functools.partial(self._sync.settle_open, matching, states))
+        return await self._call(functools.partial(self._sync.settle_open, matching, states, timeout=timeout))
 
-    async def describe_producers(self, partition: TopicPartition) -> list[ProducerState]:
+    async def describe_producers(
+        self, partition: TopicAndPartition, *, timeout: float | None = None
+    ) -> list[ProducerState]:
         """The active producers of ``partition`` (its leader's view)."""
-        return await self._call(functools.partial(self._sync.describe_producers, partition))
+        return await self._call(functools.partial(self._sync.describe_producers, partition, timeout=timeout))
 
-    async def partition_lag(self, partition: TopicPartition) -> PartitionLag:
+    async def partition_lag(self, partition: TopicAndPartition, *, timeout: float | None = None) -> PartitionLag:
         """The last stable offset and high watermark of ``partition``."""
-        return await self._call(functools.partial(self._sync.partition_lag, partition))
+        return await self._call(functools.partial(self._sync.partition_lag, partition, timeout=timeout))
 
     async def find_hanging_transactions(
-        self, partitions: Iterable[TopicPartition], *,
-        max_transaction_timeout_ms: int = TransactionAdmin.DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+        self,
+        partitions: Iterable[TopicAndPartition],
+        *,
+        max_transaction_timeout_s: float = TransactionAdmin.DEFAULT_MAX_TRANSACTION_TIMEOUT_MS / 1000,
+        timeout: float | None = None,
+        max_transaction_timeout_ms: int | None = None,
     ) -> list[OpenTransaction]:
-        """Open transactions on ``partitions`` older than ``max_transaction_timeout_ms``, judged hanging or not."""
+        """Open transactions on ``partitions`` older than ``max_transaction_timeout_s``, judged hanging or not.
+
+        As :meth:`kafka2pc.TransactionAdmin.find_hanging_transactions`
+        (``max_transaction_timeout_ms`` is the deprecated spelling).
+        """
+        limit_s = seconds_from_ms("find_hanging_transactions", "max_transaction_timeout_ms",
+                                  max_transaction_timeout_ms, "max_transaction_timeout_s", None)
         return await self._call(functools.partial(
             self._sync.find_hanging_transactions, list(partitions),
-            max_transaction_timeout_ms=max_transaction_timeout_ms,
+            max_transaction_timeout_s=max_transaction_timeout_s if limit_s is None else limit_s, timeout=timeout,
         ))
 
     async def abort_partition_transaction(
-        self, partition: TopicPartition, producer_id: int, producer_epoch: int, *, coordinator_epoch: int = -1
+        self,
+        partition: TopicAndPartition,
+        producer_id: int,
+        producer_epoch: int,
+        *,
+        coordinator_epoch: int = -1,
+        timeout: float | None = None,
     ) -> PartitionLag:
         """Write the abort marker of a *hanging* transaction on one partition; the partition's offsets after."""
         return await self._call(functools.partial(
             self._sync.abort_partition_transaction, partition, producer_id, producer_epoch,
-            coordinator_epoch=coordinator_epoch,
+            coordinator_epoch=coordinator_epoch, timeout=timeout,
         ))
 
-    async def topic_names(self) -> list[str]:
+    async def topic_names(self, *, timeout: float | None = None) -> list[str]:
         """The names of every topic in the cluster."""
-        return await self._call(self._sync.topic_names)
+        return await self._call(functools.partial(self._sync.topic_names, timeout=timeout))
 
-    async def max_transaction_timeout_ms(self) -> int | None:
+    async def max_transaction_timeout_ms(self, *, timeout: float | None = None) -> int | None:
         """The largest ``transaction.timeout.ms`` a producer can use here (``None`` if the broker does not say)."""
-        return await self._call(self._sync.max_transaction_timeout_ms)
+        return await self._call(functools.partial(self._sync.max_transaction_timeout_ms, timeout=timeout))
 
     async def close(self) -> None:
         """Close the connections and stop the admin's thread (after the calls already queued)."""

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from confluent_kafka import Message
+
 from kafka2pc import (
     IllegalStateError,
     PreparedTxnState,
@@ -26,7 +28,9 @@ from kafka2pc import (
     TxnState,
     UsageError,
 )
+from kafka2pc._deprecation import renamed
 from kafka2pc._errors import translate_confluent_error  # the one place confluent-kafka errors are mapped
+from kafka2pc._producer import Headers
 from kafka2pc.aio._worker import SerialWorker
 
 __all__ = ["AsyncTwoPhaseCommitProducer"]
@@ -44,8 +48,11 @@ class AsyncTwoPhaseCommitProducer:
     :class:`kafka2pc.PreparedTxnState` and the same exception classes; every
     method that may wait on the network is a coroutine that runs the sync
     call in this producer's own thread, one call at a time, in order.
-    ``produce`` enqueues on the loop's thread (librdkafka's produce never
-    blocks) and returns a future that resolves to the delivered message.
+    ``await produce(...)`` queues the record (on the loop's thread:
+    librdkafka's produce never waits on the network) and returns a future of
+    its delivery, which ``prepare_transaction`` waits for anyway;
+    ``await produce_and_wait(...)`` also waits for the delivery and returns the
+    delivered message (aiokafka's ``send`` and ``send_and_wait``).
 
     Example (normal path, then recovery in a new process)::
 
@@ -78,15 +85,32 @@ class AsyncTwoPhaseCommitProducer:
         self,
         config: Mapping[str, Any],
         *,
-        delivery_poll_interval: float = 0.005,
-        queue_full_timeout: float = 30.0,
+        delivery_poll_interval_s: float = 0.005,
+        queue_full_timeout_s: float = 30.0,
+        delivery_poll_interval: float | None = None,
+        queue_full_timeout: float | None = None,
     ) -> None:
-        if delivery_poll_interval <= 0:
-            raise UsageError("delivery_poll_interval must be positive")
-        if queue_full_timeout < 0:
-            raise UsageError("queue_full_timeout must not be negative")
+        """``config`` as for :class:`kafka2pc.TwoPhaseCommitProducer`.
+
+        ``delivery_poll_interval_s``: how often the producer's thread serves
+        delivery reports while records are in flight.  ``queue_full_timeout_s``:
+        how long :meth:`produce` waits for room in librdkafka's full local
+        queue before it raises :class:`kafka2pc.QueueFullError`.
+        ``delivery_poll_interval`` and ``queue_full_timeout`` are their
+        deprecated 0.1 names.
+        """
+        if delivery_poll_interval is not None:
+            renamed("AsyncTwoPhaseCommitProducer(delivery_poll_interval=...)", "delivery_poll_interval_s=")
+            delivery_poll_interval_s = delivery_poll_interval
+        if queue_full_timeout is not None:
+            renamed("AsyncTwoPhaseCommitProducer(queue_full_timeout=...)", "queue_full_timeout_s=")
+            queue_full_timeout_s = queue_full_timeout
+        if delivery_poll_interval_s <= 0:
+            raise UsageError("delivery_poll_interval_s must be positive")
+        if queue_full_timeout_s < 0:
+            raise UsageError("queue_full_timeout_s must not be negative")
         self._sync = TwoPhaseCommitProducer(config)
-        self._queue_full_timeout = queue_full_timeout
+        self._queue_full_timeout = queue_full_timeout_s
         self._reports: list[_Report] = []
         self._pending: set[asyncio.Future[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -97,7 +121,7 @@ class AsyncTwoPhaseCommitProducer:
             idle=self._has_undelivered,
             serve=self._serve_reports,
             after_call=self._take_reports,
-            idle_interval=delivery_poll_interval,
+            idle_interval=delivery_poll_interval_s,
         )
 
     # -- introspection ---------------------------------------------------------
@@ -154,23 +178,24 @@ class AsyncTwoPhaseCommitProducer:
         *,
         partition: int | None = None,
         timestamp: int | None = None,
-        headers: Any = None,
-    ) -> asyncio.Future[Any]:
-        """Send a record within the transaction; return a future of its delivery.
+        headers: Headers | None = None,
+    ) -> asyncio.Future[Message]:
+        """Queue a record within the transaction; return a future of its delivery.
 
-        The record is handed to librdkafka on the loop's thread (an enqueue:
-        it never waits on the network).  The returned future resolves to the
-        delivered ``confluent_kafka.Message`` or raises the kafka2pc error of
-        a failed delivery; awaiting it is optional, since
-        ``prepare_transaction`` waits for every record and reports any failure.
-        When librdkafka's local queue is full, waits (without blocking the loop)
-        up to ``queue_full_timeout`` seconds for room, then raises
-        :class:`kafka2pc.QueueFullError`.
+        Awaiting ``produce`` means the record is queued: handed to librdkafka
+        on the loop's thread, which never waits on the network.  That is all
+        a two-phase transaction needs, since ``prepare_transaction`` waits for
+        every record and reports any failed delivery.  The returned future
+        resolves to the delivered ``confluent_kafka.Message`` or raises the
+        kafka2pc error of a failed delivery; awaiting it is optional (or use
+        :meth:`produce_and_wait`).  When librdkafka's local queue is full,
+        waits (without blocking the loop) up to ``queue_full_timeout_s``
+        seconds for room, then raises :class:`kafka2pc.QueueFullError`.
+        ``timestamp`` is in milliseconds since the epoch, as Kafka stores it.
 
         Example::
 
-            delivered = await producer.produce("orders", value=b"created", key=b"42")
-            message = await delivered          # optional: wait for this record
+            await producer.produce("orders", value=b"created", key=b"42")
         """
         loop = self._bind_loop()
         if self._control_in_flight:
@@ -178,7 +203,7 @@ class AsyncTwoPhaseCommitProducer:
                 f"produce() refused: {self._control_in_flight[0]}() is still running "
                 "(a caller stopped waiting for it); await wait_idle() first"
             )
-        future: asyncio.Future[Any] = loop.create_future()
+        future: asyncio.Future[Message] = loop.create_future()
         kwargs: dict[str, Any] = {"value": value, "key": key,
                                   "on_delivery": functools.partial(self._on_delivery, future)}
         if partition is not None:
@@ -207,6 +232,30 @@ class AsyncTwoPhaseCommitProducer:
         self._pending.add(future)
         self._worker.wake()
         return future
+
+    async def produce_and_wait(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        *,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        headers: Headers | None = None,
+    ) -> Message:
+        """Queue a record and wait for its delivery (:meth:`produce`, then await its future).
+
+        Returns the delivered ``confluent_kafka.Message`` (its partition and
+        offset are known); a failed delivery raises its kafka2pc error.
+
+        Example::
+
+            message = await producer.produce_and_wait("orders", value=b"created", key=b"42")
+        """
+        delivery = await self.produce(
+            topic, value, key, partition=partition, timestamp=timestamp, headers=headers
+        )
+        return await delivery
 
     async def flush(self, timeout: float = -1) -> int:
         """Wait for outstanding records (as ``confluent_kafka.Producer.flush``); return how many remain."""

@@ -65,7 +65,7 @@ producer, and settles the ids of instances that died (``docs/deploying.md``).
 See ``docs/dual-write.md`` for the failure analysis and the metrics.
 """
 
-from kafka2pc import missing_extra
+from kafka2pc._extras import missing_extra
 
 try:
     import sqlalchemy  # noqa: F401 - the recipe's one hard dependency, checked up front

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from kafka2pc import IllegalStateError, InvalidPreparedStateError, Kafka2pcError, PreparedTxnState, UsageError
+from kafka2pc._deprecation import seconds_from_ms
 
 from ._handle import DualWriteTransaction
 from ._lease import Lease, LeaseBook
@@ -171,7 +172,7 @@ class WriterPool:
     the database COMMIT is durable (see :meth:`transaction`).
 
     ``producer_config`` is a confluent-kafka configuration without
-    ``transactional.id``.  ``retain_records``, ``lock_timeout_ms`` (default:
+    ``transactional.id``.  ``retain_records``, ``lock_timeout_s`` (default:
     the lease, capped at 10 s, so that a recovery never waits on a paused
     instance's row lock for longer), ``kafka_timeout_s`` and ``on_step`` are
     passed to every writer, as :class:`DualWriter` documents them.
@@ -204,11 +205,15 @@ class WriterPool:
         lease_table: sa.Table | None = None,
         owner: str | None = None,
         retain_records: bool = False,
-        lock_timeout_ms: int | None = None,
+        lock_timeout_s: float | None = None,
         kafka_timeout_s: float | None = None,
         on_step: StepHook | None = None,
         start: bool = True,
+        lock_timeout_ms: int | None = None,
     ) -> None:
+        """As the class documents; ``lock_timeout_ms`` is the deprecated spelling of ``lock_timeout_s``."""
+        lock_timeout_s = seconds_from_ms(type(self).__name__, "lock_timeout_ms", lock_timeout_ms,
+                                         "lock_timeout_s", lock_timeout_s)
         if "transactional.id" in producer_config:
             raise UsageError("a WriterPool leases its transactional ids: remove 'transactional.id' from the config")
         if not isinstance(prefix, str) or not prefix or len(prefix) + 1 + len(str(max(size, 1) - 1)) > 255:
@@ -240,7 +245,7 @@ class WriterPool:
         self._owner = owner or _default_owner()
         self._writer_options: dict[str, Any] = {
             "retain_records": retain_records,
-            "lock_timeout_ms": lock_timeout_ms if lock_timeout_ms is not None else int(min(self._lease_s, 10.0) * 1000),
+            "lock_timeout_s": lock_timeout_s if lock_timeout_s is not None else min(self._lease_s, 10.0),
             "kafka_timeout_s": kafka_timeout_s,
             "on_step": on_step,
         }
@@ -487,7 +492,7 @@ class WriterPool:
         from kafka2pc import Decision
 
         store = store_for(self._engine.dialect, self._state_table)
-        timeout_ms = self._writer_options["lock_timeout_ms"]
+        timeout_ms = max(1, round(self._writer_options["lock_timeout_s"] * 1000))
         try:
             with self._engine.connect() as conn, conn.begin():
                 claimed = locked(store, tid, "settle an orphaned id (claim the state row)",
@@ -536,7 +541,7 @@ class WriterPool:
         """The writer's own recovery of an orphaned id; the id becomes a slot if ``keep``."""
         writer = self._new_writer(tid)
         try:
-            result = writer.recover(raise_on_heuristic=False)
+            result = writer.recover(on_heuristic="report")
         except Exception as exc:  # noqa: BLE001 - reported in the result and the metrics, retried next scan
             logger.error("%s: recovery of the orphaned id failed (retried at the next scan): %s", tid, exc)
             self._counters.orphan_errors += 1
@@ -618,7 +623,7 @@ class WriterPool:
                 continue
             writer = self._new_writer(lease.transactional_id)
             try:
-                writer.recover(raise_on_heuristic=False)
+                writer.recover(on_heuristic="report")
             except BaseException:
                 self._retire([_Slot(writer, claimed.epoch)], abandon=True)
                 raise

@@ -6,14 +6,50 @@ import enum
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 
 from kafka2pc import Kafka2pcError, PreparedTxnState, UsageError
 
 if TYPE_CHECKING:
-    from kafka2pc import Settlement
+    from kafka2pc import Decision, Settlement
+
+OnHeuristic = Literal["raise", "report", "acknowledge"]
+"""What :meth:`DualWriter.recover` does when Kafka aborted the transaction the database committed.
+
+``"raise"`` (default): log it and raise :class:`~kafka2pc.HeuristicOutcomeError`;
+the stored state stays, so every recovery finds it again.  ``"report"``: the
+same, but return it in :attr:`RecoveryResult.heuristic` instead of raising.
+``"acknowledge"``: log its details once more (at ERROR, for the operators'
+records), clear the stored state and return it with
+:attr:`RecoveryResult.acknowledged`; later recoveries start clean.  With
+``retain_records=True`` the records are re-published instead, whichever is
+chosen.
+"""
+
+_ON_HEURISTIC = ("raise", "report", "acknowledge")
+
+
+def heuristic_flags(
+    where: str, on_heuristic: str, raise_on_heuristic: bool | None, acknowledge_heuristic: bool | None
+) -> tuple[bool, bool]:
+    """``(raise, acknowledge)`` for ``on_heuristic``, or for the deprecated 0.1 flags when one is given."""
+    from kafka2pc._deprecation import renamed
+
+    if on_heuristic not in _ON_HEURISTIC:
+        raise UsageError(f"{where}: on_heuristic must be one of {', '.join(map(repr, _ON_HEURISTIC))}, "
+                         f"not {on_heuristic!r}")
+    if raise_on_heuristic is None and acknowledge_heuristic is None:
+        return on_heuristic == "raise", on_heuristic == "acknowledge"
+    if on_heuristic != "raise":
+        raise UsageError(f"{where}: give on_heuristic or the deprecated raise_on_heuristic/acknowledge_heuristic, "
+                         "not both")
+    if raise_on_heuristic is not None:
+        renamed(f"{where}(raise_on_heuristic=...)", "on_heuristic='raise' or 'report'", stacklevel=4)
+    if acknowledge_heuristic is not None:
+        renamed(f"{where}(acknowledge_heuristic=...)", "on_heuristic='acknowledge'", stacklevel=4)
+    return raise_on_heuristic is not False, bool(acknowledge_heuristic)
 
 class Step(str, enum.Enum):
     """The named points of the normal and recovery paths, in the order they happen.
@@ -69,13 +105,43 @@ class RecoveryResult:
     republished: int = 0
     error: BaseException | None = None
     acknowledged: bool = False
-    """True when a heuristic outcome was acknowledged (``recover(acknowledge_heuristic=True)``):
+    """True when a heuristic outcome was acknowledged (``recover(on_heuristic="acknowledge")``):
     the stored state was cleared after its details were logged, so later recoveries start clean."""
 
     @property
     def heuristic(self) -> bool:
         """True when Kafka had aborted the transaction the database committed."""
         return self.settlement is not None and self.settlement.heuristic
+
+    @property
+    def decision(self) -> Decision:
+        """What recovery did to the transaction the previous owner left open.
+
+        :attr:`~kafka2pc.Decision.COMMIT` (it was the one the database
+        committed), :attr:`~kafka2pc.Decision.ABORT` (any other) or
+        :attr:`~kafka2pc.Decision.NOTHING` (none was open, or the recovery
+        failed: see :attr:`error`).
+        """
+        from kafka2pc import Decision
+
+        return Decision.NOTHING if self.settlement is None else self.settlement.plan.decision
+
+    @property
+    def ok(self) -> bool:
+        """True when the writer may take new work: no error, and no heuristic outcome left unresolved.
+
+        A heuristic outcome counts as resolved once its records were
+        re-published (``retain_records=True``) or it was acknowledged.
+
+        Example::
+
+            results = recover_all(writers)
+            if not all(r.ok for r in results.values()):
+                raise SystemExit(f"recovery failed: {results}")
+        """
+        if self.error is not None:
+            return False
+        return not self.heuristic or self.acknowledged or self.republished > 0
 
 
 @dataclass(frozen=True)

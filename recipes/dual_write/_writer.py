@@ -20,6 +20,7 @@ from kafka2pc import (
     TxnState,
     UsageError,
 )
+from kafka2pc._deprecation import seconds_from_ms
 
 from ._bind import Bind, Bound
 from ._bind import bind as bind_target
@@ -33,10 +34,12 @@ from ._store import StateStore, TakenOver, locked, store_for
 from ._topics import TopicCheck
 from ._values import (
     DualWriteMetrics,
+    OnHeuristic,
     RecoveryResult,
     Step,
     StepHook,
     TransactionMisuseError,
+    heuristic_flags,
 )
 
 if TYPE_CHECKING:
@@ -64,9 +67,10 @@ class DualWriter(Settling):
     ``retain_records=True`` also keeps each transaction's records in the
     outbox table until Kafka has committed them, so that a transaction Kafka
     aborted behind the database's back (heuristic outcome) is re-published by
-    :meth:`recover` instead of lost.  ``lock_timeout_ms`` bounds the wait for
-    the state row lock on PostgreSQL (SQLite's wait is the driver's busy
-    timeout).  ``kafka_timeout_s`` bounds the prepare (flush), commit and
+    :meth:`recover` instead of lost.  ``lock_timeout_s`` bounds the wait for
+    the state row lock, in seconds, on PostgreSQL and MariaDB/MySQL (SQLite's
+    wait is the driver's busy timeout); ``lock_timeout_ms`` is its deprecated
+    0.1 spelling.  ``kafka_timeout_s`` bounds the prepare (flush), commit and
     abort calls (default: librdkafka's own limits, up to
     ``transaction.timeout.ms``); a prepare that times out rolls the
     transaction back, a commit that times out is settled through recovery.
@@ -85,12 +89,17 @@ class DualWriter(Settling):
         state_table: sa.Table | None = None,
         outbox_table: sa.Table | None = None,
         retain_records: bool = False,
-        lock_timeout_ms: int | None = None,
+        lock_timeout_s: float | None = None,
         on_step: StepHook | None = None,
         settle_attempts: int = 5,
         queue_full_timeout_s: float = 60.0,
         kafka_timeout_s: float | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> None:
+        lock_timeout_s = seconds_from_ms(type(self).__name__, "lock_timeout_ms", lock_timeout_ms,
+                                         "lock_timeout_s", lock_timeout_s)
+        if lock_timeout_s is not None and lock_timeout_s <= 0:
+            raise UsageError("lock_timeout_s must be positive (or None for the database's own limit)")
         tid = producer_config.get("transactional.id")
         if not isinstance(tid, str) or not tid:
             raise UsageError("producer_config must set 'transactional.id' to a non-empty string")
@@ -107,7 +116,7 @@ class DualWriter(Settling):
             outbox_table = _make_outbox_table(metadata)
         self._outbox = outbox_table
         self._retain = retain_records
-        self._lock_timeout_ms = lock_timeout_ms
+        self._lock_timeout_ms = None if lock_timeout_s is None else max(1, round(lock_timeout_s * 1000))
         self._on_step = on_step
         self._settle_attempts = settle_attempts
         self._queue_full_timeout_s = queue_full_timeout_s
@@ -192,7 +201,13 @@ class DualWriter(Settling):
         )
 
     # -- life cycle ------------------------------------------------------------------
-    def recover(self, *, raise_on_heuristic: bool = True, acknowledge_heuristic: bool = False) -> RecoveryResult:
+    def recover(
+        self,
+        *,
+        on_heuristic: OnHeuristic = "raise",
+        raise_on_heuristic: bool | None = None,
+        acknowledge_heuristic: bool | None = None,
+    ) -> RecoveryResult:
         """Settle whatever the previous owner of this transactional id left, then accept new work.
 
         First claims the state row: locks it, reads the stored
@@ -209,17 +224,28 @@ class DualWriter(Settling):
         If Kafka had aborted the transaction the database committed (heuristic
         outcome): with ``retain_records=True`` its records are re-published
         in a new two-phase transaction and the result says how many; otherwise
-        :class:`~kafka2pc.HeuristicOutcomeError` is raised (after logging the
-        transactional id, the stored state and what to do), unless
-        ``raise_on_heuristic=False``, in which case the result reports it.
-        Until it is acknowledged every recovery finds it again:
-        ``acknowledge_heuristic=True`` logs its details once more (at ERROR,
-        for the operators' records), clears the stored state and reports
-        ``result.acknowledged``; later recoveries start clean.  The writer is
-        ready for new work either way.
+        ``on_heuristic`` decides (see :data:`OnHeuristic`): ``"raise"``
+        :class:`~kafka2pc.HeuristicOutcomeError` (default, after logging the
+        transactional id, the stored state and what to do), ``"report"`` it in
+        the result, or ``"acknowledge"`` it: log its details once more, clear
+        the stored state and report ``result.acknowledged``.  Until it is
+        acknowledged every recovery finds it again.  The writer is ready for
+        new work either way.  ``raise_on_heuristic`` and
+        ``acknowledge_heuristic`` are the deprecated 0.1 flags.
+
+        The result's :attr:`~RecoveryResult.decision` says what was done to
+        the open transaction, :attr:`~RecoveryResult.ok` whether all is well.
+
+        Example::
+
+            result = writer.recover()
+            if result.decision is not Decision.NOTHING:
+                logger.info("settled the previous transaction: %s", result.decision.value)
         """
+        raise_, acknowledge = heuristic_flags(f"{type(self).__name__}.recover", on_heuristic,
+                                              raise_on_heuristic, acknowledge_heuristic)
         with self._exclusive():
-            return self._recover(raise_on_heuristic=raise_on_heuristic, acknowledge=acknowledge_heuristic)
+            return self._recover(raise_on_heuristic=raise_, acknowledge=acknowledge)
 
     @contextmanager
     def transaction(self, bind: Bind) -> Iterator[DualWriteTransaction]:
@@ -443,7 +469,7 @@ def recover_all(writers: Iterable[DualWriter], *, max_workers: int | None = None
 
     def one(writer: DualWriter) -> RecoveryResult:
         try:
-            return writer.recover(raise_on_heuristic=False)
+            return writer.recover(on_heuristic="report")
         except Exception as exc:  # noqa: BLE001 - reported per id
             logger.error("recovery of %r failed: %s", writer.transactional_id, exc)
             return RecoveryResult(writer.transactional_id, PreparedTxnState(), None, error=exc)

@@ -34,7 +34,7 @@ EXPECTED = [
     "RecoveryPlan",
     "RetriableError",
     "Settlement",
-    "TopicPartition",
+    "TopicAndPartition",
     "TransactionAdmin",
     "TransactionDescription",
     "TransactionInfo",
@@ -45,7 +45,6 @@ EXPECTED = [
     "UnsupportedBrokerError",
     "UsageError",
     "__version__",
-    "missing_extra",
 ]
 
 
@@ -54,6 +53,15 @@ def test_export_list_is_pinned_and_sorted() -> None:
     assert kafka2pc.__all__ == sorted(kafka2pc.__all__)
     assert len(set(kafka2pc.__all__)) == len(kafka2pc.__all__)
     assert isinstance(kafka2pc.__version__, str) and kafka2pc.__version__.count(".") == 2
+
+
+def test_version_is_the_distribution_version() -> None:
+    """``kafka2pc.__version__`` and pyproject.toml's version agree (the wheel's metadata comes from the latter)."""
+    import re
+
+    pyproject = (Path(kafka2pc.__file__).resolve().parent.parent / "pyproject.toml").read_text()
+    found = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE)
+    assert found is not None and kafka2pc.__version__ == found.group(1) == "1.0.0rc1"
 
 
 def test_star_import_gives_exactly_all() -> None:

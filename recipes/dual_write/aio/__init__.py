@@ -27,7 +27,7 @@ way: leased transactional ids, one slot per concurrent transaction, orphans
 of dead instances settled.  See ``docs/asyncio.md``.
 """
 
-from kafka2pc import missing_extra
+from kafka2pc._extras import missing_extra
 
 try:
     import importlib

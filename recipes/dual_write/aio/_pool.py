@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from kafka2pc import PreparedTxnState, Settlement, TransactionDescription, UsageError
+from kafka2pc._deprecation import seconds_from_ms
 from kafka2pc.aio import AsyncTransactionAdmin
 
 from .._lease import Lease
@@ -246,10 +247,14 @@ class AsyncWriterPool:
         lease_table: sa.Table | None = None,
         owner: str | None = None,
         retain_records: bool = False,
-        lock_timeout_ms: int | None = None,
+        lock_timeout_s: float | None = None,
         kafka_timeout_s: float | None = None,
         on_step: StepHook | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> None:
+        """As the class documents; ``lock_timeout_ms`` is the deprecated spelling of ``lock_timeout_s``."""
+        lock_timeout_s = seconds_from_ms("AsyncWriterPool", "lock_timeout_ms", lock_timeout_ms,
+                                         "lock_timeout_s", lock_timeout_s)
         if not isinstance(engine, AsyncEngine):
             raise UsageError(
                 f"AsyncWriterPool takes an AsyncEngine (sqlalchemy.ext.asyncio.create_async_engine), not "
@@ -263,7 +268,7 @@ class AsyncWriterPool:
             engine.sync_engine, producer_config, prefix=prefix, size=size, max_slots=max_slots, lease_s=lease_s,
             scan_every_s=scan_every_s, acquire_timeout_s=acquire_timeout_s, settle_parallelism=settle_parallelism,
             state_table=state_table, lease_table=lease_table, owner=owner, retain_records=retain_records,
-            lock_timeout_ms=lock_timeout_ms, kafka_timeout_s=kafka_timeout_s, on_step=on_step, start=False,
+            lock_timeout_s=lock_timeout_s, kafka_timeout_s=kafka_timeout_s, on_step=on_step, start=False,
         )
         self._starting = asyncio.Lock()
 

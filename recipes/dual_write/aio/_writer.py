@@ -13,12 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from kafka2pc import IllegalStateError, PreparedTxnState, UsageError
+from kafka2pc._deprecation import seconds_from_ms
 from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 
 from .._handle import DualWriteTransaction
 from .._lifecycle import WriterState
 from .._schema import create_state_table
-from .._values import DualWriteMetrics, RecoveryResult, StepHook
+from .._values import DualWriteMetrics, OnHeuristic, RecoveryResult, StepHook, heuristic_flags
 from .._writer import DualWriter
 from ._bridge import OffLoop, OffLoopTopicCheck, _GreenletProducer, in_greenlet, run_to_completion, wait_for
 
@@ -47,7 +48,7 @@ class _LoopWriter(DualWriter):
 
     def _new_producer(self) -> TwoPhaseCommitProducer:
         # A full local queue raises at once: the recipe's own loop waits (poll = asyncio.sleep) up to its limit.
-        producer = AsyncTwoPhaseCommitProducer(self._config, queue_full_timeout=0.0)
+        producer = AsyncTwoPhaseCommitProducer(self._config, queue_full_timeout_s=0.0)
         return cast("TwoPhaseCommitProducer", _GreenletProducer(producer))
 
     def _pause(self, seconds: float) -> None:
@@ -163,12 +164,16 @@ class AsyncDualWriter:
         state_table: sa.Table | None = None,
         outbox_table: sa.Table | None = None,
         retain_records: bool = False,
-        lock_timeout_ms: int | None = None,
+        lock_timeout_s: float | None = None,
         on_step: StepHook | None = None,
         settle_attempts: int = 5,
         queue_full_timeout_s: float = 60.0,
         kafka_timeout_s: float | None = None,
+        lock_timeout_ms: int | None = None,
     ) -> None:
+        """As :class:`DualWriter`; ``lock_timeout_ms`` is the deprecated spelling of ``lock_timeout_s``."""
+        lock_timeout_s = seconds_from_ms("AsyncDualWriter", "lock_timeout_ms", lock_timeout_ms,
+                                         "lock_timeout_s", lock_timeout_s)
         if not isinstance(engine, AsyncEngine):
             raise UsageError(
                 f"AsyncDualWriter takes an AsyncEngine (sqlalchemy.ext.asyncio.create_async_engine), not "
@@ -177,7 +182,7 @@ class AsyncDualWriter:
         self._engine = engine
         self._sync = _LoopWriter(
             engine.sync_engine, producer_config, state_table=state_table, outbox_table=outbox_table,
-            retain_records=retain_records, lock_timeout_ms=lock_timeout_ms, on_step=on_step,
+            retain_records=retain_records, lock_timeout_s=lock_timeout_s, on_step=on_step,
             settle_attempts=settle_attempts, queue_full_timeout_s=queue_full_timeout_s,
             kafka_timeout_s=kafka_timeout_s,
         )
@@ -245,7 +250,13 @@ class AsyncDualWriter:
             await conn.run_sync(create)
 
     # -- life cycle ------------------------------------------------------------------
-    async def recover(self, *, raise_on_heuristic: bool = True, acknowledge_heuristic: bool = False) -> RecoveryResult:
+    async def recover(
+        self,
+        *,
+        on_heuristic: OnHeuristic = "raise",
+        raise_on_heuristic: bool | None = None,
+        acknowledge_heuristic: bool | None = None,
+    ) -> RecoveryResult:
         """Settle whatever the previous owner of this transactional id left, then accept new work.
 
         :meth:`DualWriter.recover`, without blocking the loop: claims the
@@ -253,12 +264,14 @@ class AsyncDualWriter:
         Kafka transaction with a new producer (commit iff the database holds
         its state), then finishes under the claim.  Run it at start-up, before
         the service takes requests (a FastAPI lifespan).  Same arguments,
-        result and errors.
+        result and errors (``raise_on_heuristic`` and ``acknowledge_heuristic``
+        are the deprecated 0.1 flags).
         """
+        raise_, acknowledge = heuristic_flags("AsyncDualWriter.recover", on_heuristic,
+                                              raise_on_heuristic, acknowledge_heuristic)
+        on_heuristic = "acknowledge" if acknowledge else "raise" if raise_ else "report"
         async with self._exclusive():
-            return await run_to_completion(
-                self._sync.recover, raise_on_heuristic=raise_on_heuristic, acknowledge_heuristic=acknowledge_heuristic
-            )
+            return await run_to_completion(self._sync.recover, on_heuristic=on_heuristic)
 
     @asynccontextmanager
     async def transaction(self, bind: AsyncBind) -> AsyncIterator[AsyncDualWriteTransaction]:
@@ -362,7 +375,7 @@ async def recover_all(writers: Iterable[AsyncDualWriter]) -> dict[str, RecoveryR
 
     async def one(writer: AsyncDualWriter) -> RecoveryResult:
         try:
-            return await writer.recover(raise_on_heuristic=False)
+            return await writer.recover(on_heuristic="report")
         except Exception as exc:  # noqa: BLE001 - reported per id
             logger.error("recovery of %r failed: %s", writer.transactional_id, exc)
             return RecoveryResult(writer.transactional_id, PreparedTxnState(), None, error=exc)
