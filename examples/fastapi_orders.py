@@ -60,7 +60,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from kafka2pc import Kafka2pcError
+from kafka2pc import Decision, Kafka2pcError
 
 logger = logging.getLogger("fastapi_orders")
 
@@ -137,12 +137,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     ]
     # Recovery before the first request: settle what the previous process left prepared.
     results = await recover_all(writers)
-    failed = {tid: r.error for tid, r in results.items() if r.error is not None or r.heuristic}
+    failed = {tid: result for tid, result in results.items() if not result.ok}
     if failed:
         raise RuntimeError(f"recovery failed, not starting: {failed}")
     for tid, result in sorted(results.items()):
-        if result.settlement is not None and result.settlement.plan.decision.value != "nothing":
-            logger.warning("%s: recovered the previous transaction: %s", tid, result.settlement.plan.decision.value)
+        if result.decision is not Decision.NOTHING:
+            logger.warning("%s: recovered the previous transaction: %s", tid, result.decision.value)
     app.state.settings, app.state.engine, app.state.writers = settings, engine, Writers(writers)
     try:
         yield

@@ -127,7 +127,7 @@ def test_transaction_outcome_and_plan_through_the_async_admin(
         async with AsyncTransactionAdmin({"bootstrap.servers": s.bootstrap}) as admin:
             info = await admin.describe_transaction(s.transactional_id)
             assert info is not None and info.is_open and info.state == "Ongoing"
-            assert [i.transactional_id for i in await admin.list_transactions(min_open_ms=0)].count(
+            assert [i.transactional_id for i in await admin.list_transactions(min_open_s=0)].count(
                 s.transactional_id
             ) == 1
             assert await admin.transaction_outcome(s.transactional_id, stored) is TransactionOutcome.ONGOING

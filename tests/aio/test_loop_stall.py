@@ -111,7 +111,7 @@ def test_no_call_blocks_the_loop_with_the_broker_healthy(
         calls = 0
         async with AsyncTransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:
             while not stop.is_set():
-                await admin.list_transactions(min_open_ms=0)
+                await admin.list_transactions(min_open_s=0)
                 calls += 1
         return calls
 

@@ -20,7 +20,7 @@ from kafka2pc import (
     Kafka2pcError,
     PreparedTxnState,
     ProducerFencedError,
-    TopicPartition,
+    TopicAndPartition,
     TransactionalIdMismatchError,
     TransactionOutcome,
     TwoPhaseCommitProducer,
@@ -54,7 +54,7 @@ def test_many_concurrent_transactions_on_several_producers_from_one_loop(
                 # prepare waited for every record: the delivery futures are resolved before it returns
                 assert all(f.done() and f.exception() is None for f in futures)
                 delivered = {
-                    (TopicPartition(m.topic(), m.partition()), m.offset()) for m in (f.result() for f in futures)
+                    (TopicAndPartition(m.topic(), m.partition()), m.offset()) for m in (f.result() for f in futures)
                 }
                 assert state.anchor in delivered  # the state names a record of this transaction
                 assert p.state is TxnState.PREPARED
@@ -95,7 +95,7 @@ def test_calls_run_on_the_producers_own_thread_and_delivery_futures_on_the_loop(
             assert (message.topic(), message.partition(), message.offset()) == (topic, 0, 0)
             assert (message.key(), message.value()) == (b"k", b"one")
             state = await p.prepare_transaction(30)
-            assert state.anchor == (TopicPartition(topic, 0), 0)
+            assert state.anchor == (TopicAndPartition(topic, 0), 0)
             await p.commit_transaction(30)
         assert threads == {loop_thread}
 
@@ -126,7 +126,7 @@ def test_a_cancelled_prepare_completes_and_the_next_call_sees_its_state(
             assert await p.wait_idle() is TxnState.PREPARED
             assert p.in_flight == ()
             state = p.prepared_state
-            assert state is not None and state.anchor == (TopicPartition(topic, 0), 0)
+            assert state is not None and state.anchor == (TopicAndPartition(topic, 0), 0)
             await p.complete_transaction(state)
             assert p.state is TxnState.READY
 
@@ -214,10 +214,10 @@ def test_a_producer_is_bound_to_one_loop(kafka_bootstrap: str, tid: str) -> None
 
 def test_bad_settings_are_refused() -> None:
     cfg = {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "x"}
-    with pytest.raises(UsageError, match="delivery_poll_interval"):
-        AsyncTwoPhaseCommitProducer(cfg, delivery_poll_interval=0)
-    with pytest.raises(UsageError, match="queue_full_timeout"):
-        AsyncTwoPhaseCommitProducer(cfg, queue_full_timeout=-1)
+    with pytest.raises(UsageError, match="delivery_poll_interval_s"):
+        AsyncTwoPhaseCommitProducer(cfg, delivery_poll_interval_s=0)
+    with pytest.raises(UsageError, match="queue_full_timeout_s"):
+        AsyncTwoPhaseCommitProducer(cfg, queue_full_timeout_s=-1)
 
 
 def test_a_prepared_transaction_the_broker_aborted_is_a_heuristic_outcome(

@@ -15,7 +15,7 @@ from kafka2pc import (
     PreparedTxnState,
     ProducerFencedError,
     Settlement,
-    TopicPartition,
+    TopicAndPartition,
     TransactionAdmin,
     TransactionOutcome,
     TwoPhaseCommitProducer,
@@ -65,11 +65,11 @@ def test_settle_many_settle_open_and_outcomes_agree_with_the_consumer(kafka_boot
 
             anchor = stray_state.anchor
             assert anchor is not None
-            partition = TopicPartition(topic, anchor[0].partition)
+            partition = TopicAndPartition(topic, anchor[0].partition)
             lag = admin.partition_lag(partition)
             assert lag.held_back == 0  # nothing left open on the partition
             assert all(p.current_txn_start_offset == -1 for p in admin.describe_producers(partition))
-            assert admin.find_hanging_transactions([partition], max_transaction_timeout_ms=0) == []
+            assert admin.find_hanging_transactions([partition], max_transaction_timeout_s=0) == []
     finally:
         for producer in (first, second):
             producer.close(5)

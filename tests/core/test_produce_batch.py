@@ -19,7 +19,7 @@ from kafka2pc import (
     IllegalStateError,
     Kafka2pcError,
     QueueFullError,
-    TopicPartition,
+    TopicAndPartition,
     TwoPhaseCommitProducer,
     TxnState,
     UsageError,
@@ -82,7 +82,7 @@ def test_produce_batch_writes_every_record_in_order_and_anchors_on_the_first(
     assert state.anchor is not None
     tp, offset = state.anchor
     first = min(r.offset for r in records if r.partition == tp.partition)
-    assert tp == TopicPartition(topic, tp.partition) and offset == first
+    assert tp == TopicAndPartition(topic, tp.partition) and offset == first
 
 
 def test_produce_batch_to_one_partition(
@@ -98,7 +98,7 @@ def test_produce_batch_to_one_partition(
         producer.commit_transaction(30)
     records = drain(kafka_bootstrap, topic)
     assert [(r.partition, r.value, r.key) for r in records] == [(1, b"a", None), (1, b"b", None), (1, b"c", None)]
-    assert state.anchor == (TopicPartition(topic, 1), records[0].offset)
+    assert state.anchor == (TopicAndPartition(topic, 1), records[0].offset)
 
 
 def test_produce_batch_raises_queue_full_after_its_timeout(
@@ -175,7 +175,7 @@ def test_errors_only_reports_anchor_exactly_and_recover(kafka_bootstrap: str, to
             records = drain(kafka_bootstrap, topics[1], "read_uncommitted")
             # Its lowest partition written; the offset of this transaction's record there.
             (own,) = [r for r in records if r.value == b"p0-%d" % txn]
-            assert state.anchor == (TopicPartition(topics[1], 0), own.offset)
+            assert state.anchor == (TopicAndPartition(topics[1], 0), own.offset)
             assert not state.sent_nothing
             if txn < 2:
                 producer.commit_transaction(30)
@@ -258,7 +258,7 @@ def test_errors_only_reports_find_the_anchor_beyond_partition_0(
         producer.commit_transaction(30)
     records = drain(kafka_bootstrap, topic)
     assert [(r.partition, r.value) for r in records] == [(2, b"a"), (2, b"b")]
-    assert state.anchor == (TopicPartition(topic, 2), records[0].offset)
+    assert state.anchor == (TopicAndPartition(topic, 2), records[0].offset)
 
 
 def test_a_configured_on_delivery_sees_every_record_sent_without_its_own(

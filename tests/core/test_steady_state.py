@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 
-from kafka2pc import PreparedTxnState, TopicPartition, TwoPhaseCommitProducer, TxnState
+from kafka2pc import PreparedTxnState, TopicAndPartition, TwoPhaseCommitProducer, TxnState
 from kafka2pc.testing import drain
 
 
@@ -39,7 +39,7 @@ def test_steady_state_transactions_send_no_control_plane_request(
         assert len({(s.producer_id, s.epoch) for s in states}) == 1
         assert len(set(states)) == 5
         for state, (t, partition, offset) in zip(states, first_offsets):
-            assert state.anchor == (TopicPartition(t, partition), offset)
+            assert state.anchor == (TopicAndPartition(t, partition), offset)
 
         # After an abort librdkafka may have bumped the epoch: the next prepare asks once.
         producer.begin_transaction()

@@ -95,7 +95,7 @@ def test_dual_write_transactions_become_counters_histograms_gauges_and_spans(
         writer._on_step = writer_hook
         with TransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:
             assert admin.force_terminate_transaction(tid) is not None
-        result = writer.recover(raise_on_heuristic=False)
+        result = writer.recover(on_heuristic="report")
         assert result.heuristic
         assert otel.value("kafka2pc.heuristic_outcomes", **attrs) == 1
 

@@ -69,10 +69,10 @@ async def run_async_job(job: dict[str, Any]) -> None:
     config = {"bootstrap.servers": job["bootstrap"], "transactional.id": job["tid"]}
     config.update(job.get("producer_config", {}))
     writer = AsyncDualWriter(engine, config, state_table=states, on_step=hook, retain_records=job.get("retain", False),
-                             lock_timeout_ms=job.get("lock_timeout_ms"))
+                             lock_timeout_s=job.get("lock_timeout_s"))
     if job.get("recovery_kill_after_s") is not None:
         threading.Timer(job["recovery_kill_after_s"], _kill_self).start()
-    result = await writer.recover(raise_on_heuristic=False)
+    result = await writer.recover(on_heuristic="report")
     settlement = result.settlement
     _append(job["results"], {
         "run": job["run"], "decision": settlement.plan.decision.value if settlement else None,

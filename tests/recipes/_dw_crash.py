@@ -142,12 +142,12 @@ def run_job(job: dict[str, Any]) -> None:
     config.update(job.get("producer_config", {}))
     writer = DualWriter(
         engine, config, state_table=states, on_step=hook, retain_records=job.get("retain", False),
-        lock_timeout_ms=job.get("lock_timeout_ms"),
+        lock_timeout_s=job.get("lock_timeout_s"),
     )
     if job.get("recovery_kill_after_s") is not None:
         threading.Timer(job["recovery_kill_after_s"], _kill_self).start()
     try:
-        result = writer.recover(raise_on_heuristic=False)
+        result = writer.recover(on_heuristic="report")
     except Exception as exc:
         if not job.get("record_errors"):
             raise

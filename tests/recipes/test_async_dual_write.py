@@ -387,7 +387,7 @@ def test_missing_table_missing_topic_and_a_locked_state_row_are_typed_errors(env
             await missing.recover()
         await missing.close()
 
-        writer = env.writer(engine, lock_timeout_ms=500)
+        writer = env.writer(engine, lock_timeout_s=0.5)
         await writer.recover()
         started = time.monotonic()
         with pytest.raises(TopicNotFoundError, match="no-such-topic"):

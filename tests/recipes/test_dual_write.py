@@ -439,7 +439,7 @@ def test_a_takeover_after_the_prepare_is_caught_by_the_guarded_state_update(
 
 
 def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str) -> None:
-    """With a lock timeout (PostgreSQL: lock_timeout_ms; SQLite: the driver's busy timeout) it does not wait.
+    """With a lock timeout (PostgreSQL: lock_timeout_s; SQLite: the driver's busy timeout) it does not wait.
 
     The second instance recovers while the first holds the state row's lock:
     between its state update and its COMMIT (on a Session, where those are
@@ -453,7 +453,7 @@ def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str
     first.recover()
     second = DualWriter(
         impatient_engine, {"bootstrap.servers": env.bootstrap, "transactional.id": first.transactional_id},
-        state_table=env.states, lock_timeout_ms=None if sqlite else 300,
+        state_table=env.states, lock_timeout_s=None if sqlite else 0.3,
     )
 
     def second_recovers(step: Step) -> None:

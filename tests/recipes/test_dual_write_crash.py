@@ -94,7 +94,7 @@ def _recover_here(engine: sa.Engine, bootstrap: str, tid: str) -> dict[str, Any]
     writer = DualWriter(engine, {"bootstrap.servers": bootstrap, "transactional.id": tid},
                         state_table=state_table(sa.MetaData()))
     try:
-        result = writer.recover(raise_on_heuristic=False)
+        result = writer.recover(on_heuristic="report")
     finally:
         writer.close()
     assert result.settlement is not None
@@ -336,7 +336,7 @@ def test_heuristic_outcome_is_reported_and_retained_records_are_republished_once
             assert (rows, records) == (4, 2)
             assert len(problems) == 1 and problems[0].startswith("committed rows without a record")
             assert ":0-1-0" in problems[0]
-            again = writer.recover(raise_on_heuristic=False)  # reported again, idempotent, still ready
+            again = writer.recover(on_heuristic="report")  # reported again, idempotent, still ready
             assert again.heuristic and again.republished == 0
         else:
             result = writer.recover()

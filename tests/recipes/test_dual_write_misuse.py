@@ -241,7 +241,7 @@ def test_lock_contention_in_recover_is_a_typed_error(env: Env, any_db_url: str) 
     first = env.writer(on_step=hold)
     first.recover()
     second = DualWriter(impatient, {"bootstrap.servers": env.bootstrap, "transactional.id": first.transactional_id},
-                        state_table=env.states, lock_timeout_ms=None if sqlite else 300)
+                        state_table=env.states, lock_timeout_s=None if sqlite else 0.3)
 
     def first_writes() -> None:
         with Session(env.engine) as session, first.transaction(session) as tx:
@@ -328,7 +328,7 @@ def test_a_heuristic_outcome_can_be_acknowledged_once_and_later_recoveries_start
         with pytest.raises(HeuristicOutcomeError):
             writer.recover()
     with caplog.at_level("ERROR"):
-        result = writer.recover(acknowledge_heuristic=True)
+        result = writer.recover(on_heuristic="acknowledge")
     assert result.heuristic and result.acknowledged
     assert any("ACKNOWLEDGED" in r.getMessage() and tid in r.getMessage() for r in caplog.records)
     clean = writer.recover()
@@ -424,7 +424,7 @@ def test_an_odd_producer_failure_of_a_taken_over_writer_is_producer_fenced(env: 
 
 
 def test_issue_11_recovery_failing_on_the_outbox_lock_after_settling_kafka_loses_nothing(env: Env) -> None:
-    """retain_records, B's lock_timeout_ms=2000: B's outbox DELETE waits on A's open transaction (A is
+    """retain_records, B's lock_timeout_s=2.0: B's outbox DELETE waits on A's open transaction (A is
     paused after its prepare) and times out after B aborted A's Kafka transaction.  A must not commit its
     database side when it resumes: its token is void since B's claim committed, before Kafka."""
     paused, release = threading.Event(), threading.Event()
@@ -453,7 +453,7 @@ def test_issue_11_recovery_failing_on_the_outbox_lock_after_settling_kafka_loses
     holder = threading.Thread(target=first_writes)
     holder.start()
     assert paused.wait(30)
-    second = env.writer(retain_records=True, lock_timeout_ms=2000)
+    second = env.writer(retain_records=True, lock_timeout_s=2.0)
     outcome: Any = None
     try:
         second.recover()

@@ -118,7 +118,7 @@ def run_cell(cell: Cell, a_zygote: Zygote, b_zygote: Zygote, url: str, bootstrap
                 a_thread.join(60)
                 cell.failures.append(f"run {run}: A never stopped at {cell.writer_step} (exit {a_exit})")
                 break
-            b_job = {**base, "run": run, "role": "B", "recover_only": True, "lock_timeout_ms": 2000}
+            b_job = {**base, "run": run, "role": "B", "recover_only": True, "lock_timeout_s": 2.0}
             if cell.recovery_step != "done":
                 b_job["recovery_point"] = cell.recovery_step
             b_exit = b_zygote.run(b_job, timeout=120)
@@ -143,7 +143,7 @@ def run_cell(cell: Cell, a_zygote: Zygote, b_zygote: Zygote, url: str, bootstrap
                            state_table=state_table(sa.MetaData()), outbox_table=outbox_table(sa.MetaData()),
                            retain_records=cell.retain)
         try:
-            result = final.recover(raise_on_heuristic=False)
+            result = final.recover(on_heuristic="report")
             if result.heuristic and not result.republished:
                 cell.failures.append("the final recovery found a heuristic outcome")
         finally:

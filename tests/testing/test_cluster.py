@@ -79,11 +79,11 @@ def test_a_cached_partition_leader_that_died_is_looked_up_again(cluster: LocalKa
     """The control plane keeps a partition's leader; when that broker dies it asks Metadata again and goes on."""
     from confluent_kafka.admin import AdminClient
 
-    from kafka2pc import TopicPartition
+    from kafka2pc import TopicAndPartition
 
     bootstrap = cluster.bootstrap_servers
     topic = create_topic(bootstrap, partitions=1, replication_factor=3)
-    tp = TopicPartition(topic, 0)
+    tp = TopicAndPartition(topic, 0)
     admin = TransactionAdmin({"bootstrap.servers": bootstrap}, request_timeout_s=20)
     try:
         assert admin.describe_producers(tp) == []

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from kafka2pc import InvalidPreparedStateError, PreparedTxnState, TopicPartition, TransactionalIdMismatchError
+from kafka2pc import InvalidPreparedStateError, PreparedTxnState, TopicAndPartition, TransactionalIdMismatchError
 from kafka2pc._state import MAX_STATE_LENGTH, topic_digest, transactional_id_digest
 
 INT64_MAX = 2**63 - 1
@@ -17,7 +17,7 @@ TOPIC_CHARS = string.ascii_letters + string.digits + "._-"
 
 
 def build(pid: int, epoch: int, tid: str, topic: str | None = None, partition: int = 0, offset: int = -1) -> PreparedTxnState:
-    anchor = None if topic is None else TopicPartition(topic, partition)
+    anchor = None if topic is None else TopicAndPartition(topic, partition)
     return PreparedTxnState._build(pid, epoch, tid, anchor, offset)
 
 
@@ -48,7 +48,7 @@ def test_version_1_with_anchor_round_trips() -> None:
     assert text == f"k2pc1:42:3:{transactional_id_digest('orders-1')}:5:1000:orders"
     parsed = PreparedTxnState(text)
     assert parsed == state and hash(parsed) == hash(state)
-    assert parsed.anchor == (TopicPartition("orders", 5), 1000)
+    assert parsed.anchor == (TopicAndPartition("orders", 5), 1000)
     assert parsed.format_version == 1
     assert repr(parsed) == f"PreparedTxnState({text!r})"
 
@@ -76,7 +76,7 @@ def test_longest_topic_is_stored_as_digest_and_stays_within_255() -> None:
     assert len(text) <= MAX_STATE_LENGTH
     assert text.endswith(":" + topic_digest(topic))
     assert PreparedTxnState(text) == state
-    assert state.anchor == (TopicPartition(topic_digest(topic), 2**31 - 1), INT64_MAX)
+    assert state.anchor == (TopicAndPartition(topic_digest(topic), 2**31 - 1), INT64_MAX)
 
 
 def test_topic_that_fits_is_stored_verbatim() -> None:
@@ -260,7 +260,7 @@ def test_which_states_name_one_transaction() -> None:
 
 def test_sent_nothing_cannot_carry_an_anchor() -> None:
     with pytest.raises(InvalidPreparedStateError, match="sent nothing"):
-        PreparedTxnState._build(1, 0, "tx", TopicPartition("t", 0), 5, sent_nothing=True)
+        PreparedTxnState._build(1, 0, "tx", TopicAndPartition("t", 0), 5, sent_nothing=True)
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from kafka2pc import (
     IndefiniteOutcomeError,
     PreparedTxnState,
     ProducerFencedError,
-    TopicPartition,
+    TopicAndPartition,
     TransactionalIdMismatchError,
 )
 from kafka2pc._recovery_policy import (
@@ -44,12 +44,12 @@ from kafka2pc._recovery_policy import (
 from kafka2pc._types import ProducerState, TransactionDescription
 
 TID = "orders-1"
-TOPIC = TopicPartition("orders", 1)
-OFFSETS = TopicPartition("__consumer_offsets", 7)
-ANCHORS = TopicPartition("kafka2pc-anchors", 3)
+TOPIC = TopicAndPartition("orders", 1)
+OFFSETS = TopicAndPartition("__consumer_offsets", 7)
+ANCHORS = TopicAndPartition("kafka2pc-anchors", 3)
 
 
-def coordinator(state: str = "Ongoing", pid: int = 42, epoch: int = 0, *partitions: TopicPartition) -> TransactionDescription:
+def coordinator(state: str = "Ongoing", pid: int = 42, epoch: int = 0, *partitions: TopicAndPartition) -> TransactionDescription:
     return TransactionDescription(TID, state, pid, epoch, 60_000, 1, tuple(partitions), 1)
 
 
@@ -57,7 +57,7 @@ def producer(pid: int, start: int) -> ProducerState:
     return ProducerState(pid, 0, 5, 0, 0, start)
 
 
-def anchored(tp: TopicPartition, offset: int, pid: int = 42, epoch: int = 0) -> PreparedTxnState:
+def anchored(tp: TopicAndPartition, offset: int, pid: int = 42, epoch: int = 0) -> PreparedTxnState:
     return PreparedTxnState._build(pid, epoch, TID, tp, offset)
 
 
@@ -66,8 +66,8 @@ class Cluster:
     """What the cluster answers; ``describe`` may be a list (one answer per call, last one repeated)."""
 
     describe: list[TransactionDescription | None] = field(default_factory=lambda: [None])
-    producers: dict[TopicPartition, list[ProducerState]] = field(default_factory=dict)
-    outcomes: dict[tuple[TopicPartition, int], list[str]] = field(default_factory=dict)
+    producers: dict[TopicAndPartition, list[ProducerState]] = field(default_factory=dict)
+    outcomes: dict[tuple[TopicAndPartition, int], list[str]] = field(default_factory=dict)
     topics: list[str] = field(default_factory=lambda: ["orders", "kafka2pc-anchors"])
     end_txn: Callable[[EndTxn], None] = lambda request: None
     now: float = 100.0
@@ -222,9 +222,9 @@ def test_lso_held_back_by_another_producer_is_unknown_at_once() -> None:
 
 def test_digest_topic_is_resolved_against_the_cluster() -> None:
     long_topic = "t" * 240
-    state = PreparedTxnState._build(42, 0, TID, TopicPartition(long_topic, 0), 9)
+    state = PreparedTxnState._build(42, 0, TID, TopicAndPartition(long_topic, 0), 9)
     assert state.anchor is not None and state.anchor[0].topic.startswith("#")
-    cluster = Cluster(describe=[None], topics=["orders", long_topic], outcomes={(TopicPartition(long_topic, 0), 9): ["committed"]})
+    cluster = Cluster(describe=[None], topics=["orders", long_topic], outcomes={(TopicAndPartition(long_topic, 0), 9): ["committed"]})
     assert drive(stored_outcome(state), cluster) is TransactionOutcome.COMMITTED
     gone = Cluster(describe=[None], topics=["orders"])
     assert drive(stored_outcome(state), gone) is TransactionOutcome.UNKNOWN
