@@ -191,7 +191,7 @@ class RowLocks:
         self._engine = sa.create_engine(url, connect_args=_connect_args(url, timeout_s), poolclass=NullPool)
         schema, _, name = table.rpartition(".")
         self._store = store_for(self._engine.dialect, state_table(sa.MetaData(), name, schema=schema or None))
-        self._timeout_ms = max(1, int(timeout_s * 1000))
+        self._timeout_s = timeout_s
 
     @contextmanager
     def hold(self, transactional_id: str) -> Iterator[HeldRow]:
@@ -199,7 +199,7 @@ class RowLocks:
         with self._engine.connect() as conn:
             conn.begin()
             try:
-                claimed = self._store.claim(conn, transactional_id, self._timeout_ms)
+                claimed = self._store.claim(conn, transactional_id, lock_timeout_s=self._timeout_s)
                 text = str(claimed.state).strip() if claimed.state is not None else ""
                 held = HeldRow(text or None, conn)
                 yield held

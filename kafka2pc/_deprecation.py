@@ -23,6 +23,8 @@ RENAMED_ARGUMENTS: tuple[tuple[str, str, str], ...] = (
     ("kafka2pc.aio.AsyncTransactionAdmin.find_hanging_transactions", "max_transaction_timeout_ms",
      "max_transaction_timeout_s"),
     ("kafka2pc.aio.AsyncTwoPhaseCommitProducer.__init__", "delivery_poll_interval", "delivery_poll_interval_s"),
+    ("kafka2pc.aio.LoopStallMonitor.__init__", "interval", "interval_s"),
+    ("kafka2pc.aio.LoopStallMonitor.__init__", "threshold", "threshold_s"),
     ("kafka2pc.aio.AsyncTwoPhaseCommitProducer.__init__", "queue_full_timeout", "queue_full_timeout_s"),
     ("kafka2pc.recipes.dual_write.DualWriter.__init__", "lock_timeout_ms", "lock_timeout_s"),
     ("kafka2pc.recipes.dual_write.DualWriter.recover", "raise_on_heuristic", "on_heuristic"),

@@ -7,6 +7,8 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from kafka2pc._deprecation import renamed
+
 __all__ = ["LoopStallMonitor", "StallReport"]
 
 _SLOW = re.compile(r"Executing (?P<what>.+) took (?P<secs>[0-9.]+) seconds")
@@ -70,13 +72,15 @@ class StallReport:
 class LoopStallMonitor:
     """Measure the running loop's stalls with a ticker task: each tick's lateness is time the loop could not run.
 
-    A ticker sleeps ``interval`` seconds again and again and records how late
+    A ticker sleeps ``interval_s`` seconds again and again and records how late
     it woke up.  Anything that holds the loop's thread (a blocking call in a
     coroutine or callback, or the GIL held by another thread) shows up as
     lateness, whatever caused it.  With ``capture_slow_callbacks=True`` the
     loop also runs in debug mode with ``slow_callback_duration`` set to
-    ``threshold`` and the callbacks asyncio reports as slow are collected, to
-    name the culprit (debug mode itself slows the loop down).
+    ``threshold_s`` and the callbacks asyncio reports as slow are collected, to
+    name the culprit (debug mode itself slows the loop down).  ``interval``
+    and ``threshold`` are the deprecated 0.1 names of ``interval_s`` and
+    ``threshold_s``.
 
     Example::
 
@@ -86,12 +90,25 @@ class LoopStallMonitor:
     """
 
     def __init__(
-        self, interval: float = 0.001, *, capture_slow_callbacks: bool = False, threshold: float = 0.010
+        self,
+        interval_s: float = 0.001,
+        *,
+        capture_slow_callbacks: bool = False,
+        threshold_s: float = 0.010,
+        interval: float | None = None,
+        threshold: float | None = None,
     ) -> None:
-        self.interval = interval
+        if interval is not None:
+            renamed("LoopStallMonitor(interval=...)", "interval_s=")
+            interval_s = interval
+        if threshold is not None:
+            renamed("LoopStallMonitor(threshold=...)", "threshold_s=")
+            threshold_s = threshold
+        self.interval_s = interval_s
+        """Seconds the ticker sleeps between ticks."""
         self.report = StallReport()
         self._capture = capture_slow_callbacks
-        self._threshold = threshold
+        self._threshold = threshold_s
         self._task: asyncio.Task[None] | None = None
         self._handler: _SlowCallbackHandler | None = None
         self._restore: tuple[bool, float] | None = None
@@ -127,8 +144,8 @@ class LoopStallMonitor:
 
     async def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
-            due = loop.time() + self.interval
-            await asyncio.sleep(self.interval)
+            due = loop.time() + self.interval_s
+            await asyncio.sleep(self.interval_s)
             self.report.lateness.append(max(0.0, loop.time() - due))
             self.report.ticks += 1
 

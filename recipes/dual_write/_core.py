@@ -43,7 +43,7 @@ class WriterCore:
     _table: sa.Table
     _outbox: sa.Table | None
     _retain: bool
-    _lock_timeout_ms: int | None
+    _lock_timeout_s: float | None
     _on_step: StepHook | None
     _settle_attempts: int
     _queue_full_timeout_s: float

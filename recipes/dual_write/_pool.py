@@ -492,11 +492,11 @@ class WriterPool:
         from kafka2pc import Decision
 
         store = store_for(self._engine.dialect, self._state_table)
-        timeout_ms = max(1, round(self._writer_options["lock_timeout_s"] * 1000))
+        lock_timeout_s = self._writer_options["lock_timeout_s"]
         try:
             with self._engine.connect() as conn, conn.begin():
                 claimed = locked(store, tid, "settle an orphaned id (claim the state row)",
-                                 lambda: store.claim(conn, tid, timeout_ms))
+                                 lambda: store.claim(conn, tid, lock_timeout_s=lock_timeout_s))
             state = self._parse_state(tid, claimed.state)
             admin = admins.get()
             settlement = admin.complete_transaction(tid, state, fence=True, raise_on_heuristic=False)

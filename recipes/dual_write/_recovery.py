@@ -84,7 +84,7 @@ class Recovering(WriterCore):
         #    database commit can succeed (its token is void), whatever dies when.
         with self._engine.connect() as conn, conn.begin():
             claimed = locked(store, self._tid, "recover (claim the state row)",
-                             lambda: store.claim(conn, self._tid, self._lock_timeout_ms))
+                             lambda: store.claim(conn, self._tid, lock_timeout_s=self._lock_timeout_s))
             state = self._parse(claimed.state)
             self._step(Step.RECOVERY_LOCKED)
         stored, token = claimed.state, claimed.token
@@ -105,7 +105,7 @@ class Recovering(WriterCore):
             conn.begin()
             try:
                 token = locked(store, self._tid, "recover (finish under the claim)",
-                               lambda: store.touch(conn, self._tid, token, self._lock_timeout_ms))
+                               lambda: store.touch(conn, self._tid, token, lock_timeout_s=self._lock_timeout_s))
                 if heuristic_error is not None:
                     self._log_heuristic(conn, state)
                     if self._retain:

@@ -28,7 +28,7 @@ __all__ = ["Settling"]
 
 logger = logging.getLogger("kafka2pc.recipes.dual_write._writer")
 
-_SETTLE_LOCK_TIMEOUT_MS: Final = 30_000
+_SETTLE_LOCK_TIMEOUT_S: Final = 30.0
 
 
 class Settling(Recovering):
@@ -46,7 +46,7 @@ class Settling(Recovering):
         self._to(WriterState.NEEDS_RECOVERY)
         try:
             with self._engine.connect() as conn, conn.begin():
-                stored = self._store.read_settled(conn, self._tid, _SETTLE_LOCK_TIMEOUT_MS)
+                stored = self._store.read_settled(conn, self._tid, lock_timeout_s=_SETTLE_LOCK_TIMEOUT_S)
         except sa.exc.SQLAlchemyError as read_exc:
             self._in_doubt, self._in_doubt_since = state, time.monotonic()
             logger.error(

@@ -27,6 +27,7 @@ until its COMMIT.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar
@@ -94,13 +95,13 @@ class StateStore(Protocol):
     combined_commit: bool
     """True when :meth:`store_and_commit` can send the state update and the COMMIT in one round trip."""
 
-    def claim(self, conn: sa.Connection, tid: str, lock_timeout_ms: int | None) -> Claimed:
+    def claim(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float | None) -> Claimed:
         """Lock the row (creating it if missing), read its state and give it a new version."""
 
-    def touch(self, conn: sa.Connection, tid: str, token: str, lock_timeout_ms: int | None) -> str:
+    def touch(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
         """Lock the row iff it still carries ``token`` and give it a new version; raise :class:`TakenOver`."""
 
-    def enter(self, conn: sa.Connection, tid: str, token: str, lock_timeout_ms: int | None) -> str:
+    def enter(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
         """Start a writer's transaction: check ``token`` (and lock the row) unless :attr:`optimistic`."""
 
     def store(self, conn: sa.Connection, tid: str, state: str | None, token: str, last: str | None) -> str:
@@ -109,7 +110,7 @@ class StateStore(Protocol):
     def store_and_commit(self, conn: sa.Connection, tid: str, state: str, token: str, last: str | None) -> str:
         """:meth:`store` and COMMIT in one round trip (only if :attr:`combined_commit`)."""
 
-    def read_settled(self, conn: sa.Connection, tid: str, lock_timeout_ms: int) -> str | None:
+    def read_settled(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float) -> str | None:
         """The stored state, read after any unfinished transaction on the row ended."""
 
     def version(self, conn: sa.Connection, tid: str) -> str | None:
@@ -184,14 +185,14 @@ class PostgresStore:
         return self.table.c.transactional_id == tid
 
     @staticmethod
-    def _lock_timeout(conn: sa.Connection, lock_timeout_ms: int | None) -> None:
-        if lock_timeout_ms is not None:
-            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+    def _lock_timeout(conn: sa.Connection, lock_timeout_s: float | None) -> None:
+        if lock_timeout_s is not None:
+            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {max(1, round(lock_timeout_s * 1000))}")
 
-    def claim(self, conn: sa.Connection, tid: str, lock_timeout_ms: int | None) -> Claimed:
+    def claim(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float | None) -> Claimed:
         from sqlalchemy.dialects import postgresql
 
-        self._lock_timeout(conn, lock_timeout_ms)
+        self._lock_timeout(conn, lock_timeout_s)
         if self.combined_commit:
             self._find_function(conn)
         t = self.table
@@ -223,8 +224,8 @@ class PostgresStore:
             if found else None
         self._function_checked = True
 
-    def touch(self, conn: sa.Connection, tid: str, token: str, lock_timeout_ms: int | None) -> str:
-        self._lock_timeout(conn, lock_timeout_ms)
+    def touch(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
+        self._lock_timeout(conn, lock_timeout_s)
         guarded = sa.and_(self._where(tid), sa.text("xmin = CAST(:k2pc_token AS xid)").bindparams(k2pc_token=token))
         new = conn.execute(
             sa.update(self.table).where(guarded).values(updated_at=_utcnow()).returning(_XMIN)
@@ -233,7 +234,7 @@ class PostgresStore:
             raise TakenOver(tid)
         return str(new)
 
-    def enter(self, conn: sa.Connection, tid: str, token: str, lock_timeout_ms: int | None) -> str:
+    def enter(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
         return token  # optimistic: store() checks
 
     def store(self, conn: sa.Connection, tid: str, state: str | None, token: str, last: str | None) -> str:
@@ -307,9 +308,9 @@ class PostgresStore:
             raise
         return str(new)
 
-    def read_settled(self, conn: sa.Connection, tid: str, lock_timeout_ms: int) -> str | None:
+    def read_settled(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float) -> str | None:
         # FOR UPDATE waits (bounded) for the row lock: a COMMIT still running on a dying connection ends first.
-        self._lock_timeout(conn, lock_timeout_ms)
+        self._lock_timeout(conn, lock_timeout_s)
         stmt = sa.select(self.table.c.prepared_txn_state).where(self._where(tid)).with_for_update()
         value: str | None = conn.execute(stmt).scalar_one_or_none()
         return value
@@ -340,7 +341,7 @@ class RowLockStore:
     def _where(self, tid: str) -> sa.ColumnElement[bool]:
         return self.table.c.transactional_id == tid
 
-    def _lock(self, conn: sa.Connection, tid: str, lock_timeout_ms: int | None) -> tuple[str | None, Any] | None:
+    def _lock(self, conn: sa.Connection, tid: str, lock_timeout_s: float | None) -> tuple[str | None, Any] | None:
         """Lock the row; return ``(state, updated_at)``, or ``None`` if there is no row."""
         t = self.table
         row = conn.execute(
@@ -370,24 +371,24 @@ class RowLockStore:
             stored = conn.execute(sa.select(t.c.updated_at).where(self._where(tid))).scalar_one()
         return _token(stored)
 
-    def claim(self, conn: sa.Connection, tid: str, lock_timeout_ms: int | None) -> Claimed:
-        found = self._lock(conn, tid, lock_timeout_ms)
+    def claim(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float | None) -> Claimed:
+        found = self._lock(conn, tid, lock_timeout_s)
         if found is None:
             self._create(conn, tid)
-            found = self._lock(conn, tid, lock_timeout_ms)
+            found = self._lock(conn, tid, lock_timeout_s)
             if found is None:
                 raise IllegalStateError(f"{tid!r}: the state row cannot be created in {self.table.name}")
         state, old = found
         return Claimed(state, self._bump(conn, tid, old, {}))
 
-    def touch(self, conn: sa.Connection, tid: str, token: str, lock_timeout_ms: int | None) -> str:
-        found = self._lock(conn, tid, lock_timeout_ms)
+    def touch(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
+        found = self._lock(conn, tid, lock_timeout_s)
         if found is None or _token(found[1]) != token:
             raise TakenOver(tid)
         return self._bump(conn, tid, found[1], {})
 
-    def enter(self, conn: sa.Connection, tid: str, token: str, lock_timeout_ms: int | None) -> str:
-        return self.touch(conn, tid, token, lock_timeout_ms)
+    def enter(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
+        return self.touch(conn, tid, token, lock_timeout_s=lock_timeout_s)
 
     def store(self, conn: sa.Connection, tid: str, state: str | None, token: str, last: str | None) -> str:
         found = self._lock(conn, tid, None)  # held since enter(): returns at once
@@ -398,8 +399,8 @@ class RowLockStore:
     def store_and_commit(self, conn: sa.Connection, tid: str, state: str, token: str, last: str | None) -> str:
         raise IllegalStateError(f"{type(self).__name__} has no combined state update and COMMIT")
 
-    def read_settled(self, conn: sa.Connection, tid: str, lock_timeout_ms: int) -> str | None:
-        found = self._lock(conn, tid, lock_timeout_ms)
+    def read_settled(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float) -> str | None:
+        found = self._lock(conn, tid, lock_timeout_s)
         return None if found is None else found[0]
 
     def version(self, conn: sa.Connection, tid: str) -> str | None:
@@ -415,7 +416,7 @@ class RowLockStore:
 class SQLiteStore(RowLockStore):
     """SQLite: no row locks, one database write lock, taken by the first write and held until COMMIT."""
 
-    def _lock(self, conn: sa.Connection, tid: str, lock_timeout_ms: int | None) -> tuple[str | None, Any] | None:
+    def _lock(self, conn: sa.Connection, tid: str, lock_timeout_s: float | None) -> tuple[str | None, Any] | None:
         t = self.table
         # A write (even one that changes nothing) takes the database's write lock; the
         # driver's busy timeout bounds the wait.
@@ -432,7 +433,7 @@ class SQLiteStore(RowLockStore):
             .on_conflict_do_nothing(index_elements=[self.table.c.transactional_id])
         )
 
-    def read_settled(self, conn: sa.Connection, tid: str, lock_timeout_ms: int) -> str | None:
+    def read_settled(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float) -> str | None:
         # A COMMIT in this process either happened or not: nothing to wait for, and no write lock to take.
         value: str | None = conn.execute(
             sa.select(self.table.c.prepared_txn_state).where(self._where(tid))
@@ -450,18 +451,18 @@ class MySQLStore(RowLockStore):
     takes a gap lock, and two claimers inserting under gap locks deadlock)."""
 
     @staticmethod
-    def _bounded(conn: sa.Connection, lock_timeout_ms: int | None, call: Callable[[], _R]) -> _R:
-        if lock_timeout_ms is None:
+    def _bounded(conn: sa.Connection, lock_timeout_s: float | None, call: Callable[[], _R]) -> _R:
+        if lock_timeout_s is None:
             return call()
         previous = conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar_one()
-        conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(1, -(-int(lock_timeout_ms) // 1000))}")
+        conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(lock_timeout_s))}")
         try:
             return call()
         finally:
             conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {int(previous)}")
 
-    def _lock(self, conn: sa.Connection, tid: str, lock_timeout_ms: int | None) -> tuple[str | None, Any] | None:
-        return self._bounded(conn, lock_timeout_ms, lambda: super(MySQLStore, self)._lock(conn, tid, None))
+    def _lock(self, conn: sa.Connection, tid: str, lock_timeout_s: float | None) -> tuple[str | None, Any] | None:
+        return self._bounded(conn, lock_timeout_s, lambda: super(MySQLStore, self)._lock(conn, tid, None))
 
     def _create(self, conn: sa.Connection, tid: str) -> None:
         from sqlalchemy.dialects import mysql
@@ -469,12 +470,12 @@ class MySQLStore(RowLockStore):
         insert = mysql.insert(self.table).values(transactional_id=tid, prepared_txn_state=None, updated_at=None)
         conn.execute(insert.on_duplicate_key_update(transactional_id=insert.inserted.transactional_id))
 
-    def claim(self, conn: sa.Connection, tid: str, lock_timeout_ms: int | None) -> Claimed:
+    def claim(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float | None) -> Claimed:
         def create_and_lock() -> tuple[str | None, Any] | None:
             self._create(conn, tid)  # locks the row, existing or new
             return RowLockStore._lock(self, conn, tid, None)
 
-        found = self._bounded(conn, lock_timeout_ms, create_and_lock)
+        found = self._bounded(conn, lock_timeout_s, create_and_lock)
         if found is None:
             raise IllegalStateError(f"{tid!r}: the state row cannot be created in {self.table.name}")
         state, old = found

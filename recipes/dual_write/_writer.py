@@ -116,7 +116,7 @@ class DualWriter(Settling):
             outbox_table = _make_outbox_table(metadata)
         self._outbox = outbox_table
         self._retain = retain_records
-        self._lock_timeout_ms = None if lock_timeout_s is None else max(1, round(lock_timeout_s * 1000))
+        self._lock_timeout_s = lock_timeout_s
         self._on_step = on_step
         self._settle_attempts = settle_attempts
         self._queue_full_timeout_s = queue_full_timeout_s
@@ -350,7 +350,7 @@ class DualWriter(Settling):
         store = self._store
         try:
             entered: str = locked(store, self._tid, "begin a transaction",
-                                  lambda: store.enter(conn, self._tid, token, self._lock_timeout_ms))
+                                  lambda: store.enter(conn, self._tid, token, lock_timeout_s=self._lock_timeout_s))
             token = entered
             if self._retain and self._outbox_dirty:
                 locked(store, self._tid, "begin a transaction (drop spent outbox rows)",

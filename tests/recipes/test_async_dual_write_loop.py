@@ -167,7 +167,7 @@ def test_the_writer_does_not_block_the_loop_with_the_broker_stopped(pg_url: str,
             except Kafka2pcError as exc:
                 outcomes[type(exc).__name__] += 1
 
-        async with LoopStallMonitor(capture_slow_callbacks=True, threshold=STALL_GOAL_S) as monitor:
+        async with LoopStallMonitor(capture_slow_callbacks=True, threshold_s=STALL_GOAL_S) as monitor:
             start = time.monotonic()
             await asyncio.gather(*(request_task(n) for n in range(16)))
             elapsed = time.monotonic() - start
