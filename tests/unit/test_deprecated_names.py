@@ -1,0 +1,202 @@
+"""Each deprecated 0.1 name still works, and warns with a ``DeprecationWarning`` naming its replacement.
+
+One test per alias; none needs a broker (a call that goes on to the network
+is pointed at a closed port with a short bound, and the warning comes first).
+``test_every_alias_has_a_test`` keeps this module and
+``kafka2pc._deprecation.RENAMED_ARGUMENTS`` in step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pytest
+import sqlalchemy as sa
+
+import kafka2pc
+from kafka2pc import BrokerUnavailableError, TransactionAdmin, UsageError
+from kafka2pc._deprecation import RENAMED_ARGUMENTS
+from kafka2pc.aio import AsyncTransactionAdmin, AsyncTwoPhaseCommitProducer, LoopStallMonitor
+from kafka2pc.recipes.dual_write import DualWriter, MissingTableError, WriterPool
+from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, AsyncWriterPool
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+UNREACHABLE = {"bootstrap.servers": "127.0.0.1:1"}
+WRITER_CONFIG = {**UNREACHABLE, "transactional.id": "deprecated-names"}
+TESTED: set[tuple[str, str]] = set()
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def covers(where: str, *olds: str) -> Callable[[_F], _F]:
+    """Mark the test that checks the deprecated arguments ``olds`` of ``where``."""
+
+    def mark(test: _F) -> _F:
+        TESTED.update((where, old) for old in olds)
+        return test
+
+    return mark
+
+
+def warns(old: str, new: str) -> Any:
+    return pytest.warns(DeprecationWarning, match=rf"{re.escape(old)}.*deprecated.*kafka2pc 1\.1.*{re.escape(new)}")
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    yield engine
+    engine.dispose()
+
+
+def async_engine(tmp_path: Path) -> AsyncEngine:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    return create_async_engine(f"sqlite+aiosqlite:///{tmp_path / 'db.sqlite'}")
+
+
+def test_topic_partition_is_topic_and_partition() -> None:
+    with warns("kafka2pc.TopicPartition", "kafka2pc.TopicAndPartition"):
+        alias = kafka2pc.TopicPartition
+    assert alias is kafka2pc.TopicAndPartition
+    assert "TopicPartition" not in kafka2pc.__all__
+
+
+def test_missing_extra_is_internal() -> None:
+    with warns("kafka2pc.missing_extra", "internal"):
+        helper = kafka2pc.missing_extra
+    assert callable(helper) and "missing_extra" not in kafka2pc.__all__
+
+
+@covers("kafka2pc.TransactionAdmin.list_transactions", "min_open_ms")
+def test_list_transactions_min_open_ms() -> None:
+    with TransactionAdmin(UNREACHABLE, timeout_s=0.5) as admin:
+        with warns("list_transactions(min_open_ms=", "min_open_s"), pytest.raises(BrokerUnavailableError):
+            admin.list_transactions(min_open_ms=60_000)
+        with pytest.raises(UsageError, match="not both"):
+            admin.list_transactions(min_open_ms=60_000, min_open_s=60)
+
+
+@covers("kafka2pc.TransactionAdmin.find_hanging_transactions", "max_transaction_timeout_ms")
+def test_find_hanging_transactions_max_transaction_timeout_ms() -> None:
+    with TransactionAdmin(UNREACHABLE, timeout_s=0.5) as admin:
+        with warns("find_hanging_transactions(max_transaction_timeout_ms=", "max_transaction_timeout_s"):
+            assert admin.find_hanging_transactions([], max_transaction_timeout_ms=0) == []
+
+
+@covers("kafka2pc.aio.AsyncTransactionAdmin.list_transactions", "min_open_ms")
+def test_async_list_transactions_min_open_ms() -> None:
+    async def main() -> None:
+        async with AsyncTransactionAdmin(UNREACHABLE, timeout_s=0.5) as admin:
+            with warns("list_transactions(min_open_ms=", "min_open_s"), pytest.raises(BrokerUnavailableError):
+                await admin.list_transactions(min_open_ms=0)
+
+    asyncio.run(main())
+
+
+@covers("kafka2pc.aio.AsyncTransactionAdmin.find_hanging_transactions", "max_transaction_timeout_ms")
+def test_async_find_hanging_transactions_max_transaction_timeout_ms() -> None:
+    async def main() -> None:
+        async with AsyncTransactionAdmin(UNREACHABLE, timeout_s=0.5) as admin:
+            with warns("find_hanging_transactions(max_transaction_timeout_ms=", "max_transaction_timeout_s"):
+                assert await admin.find_hanging_transactions([], max_transaction_timeout_ms=0) == []
+
+    asyncio.run(main())
+
+
+@covers("kafka2pc.aio.AsyncTwoPhaseCommitProducer.__init__", "queue_full_timeout", "delivery_poll_interval")
+@pytest.mark.parametrize(("old", "new"), [
+    ("queue_full_timeout", "queue_full_timeout_s"),
+    ("delivery_poll_interval", "delivery_poll_interval_s"),
+])
+def test_async_producer_argument(old: str, new: str) -> None:
+    with warns(f"AsyncTwoPhaseCommitProducer({old}=", new):
+        producer = AsyncTwoPhaseCommitProducer(WRITER_CONFIG, **{old: 2.5})
+    if old == "queue_full_timeout":
+        assert producer._queue_full_timeout == 2.5
+    asyncio.run(producer.close(timeout=1))
+
+
+@covers("kafka2pc.aio.LoopStallMonitor.__init__", "interval", "threshold")
+@pytest.mark.parametrize(("old", "new"), [("interval", "interval_s"), ("threshold", "threshold_s")])
+def test_loop_stall_monitor_argument(old: str, new: str) -> None:
+    with warns(f"LoopStallMonitor({old}=", new):
+        monitor = LoopStallMonitor(**{old: 0.002})
+    assert (monitor.interval_s if old == "interval" else monitor._threshold) == 0.002
+
+
+@covers("kafka2pc.recipes.dual_write.DualWriter.__init__", "lock_timeout_ms")
+def test_dual_writer_lock_timeout_ms(engine: sa.Engine) -> None:
+    with warns("DualWriter(lock_timeout_ms=", "lock_timeout_s"):
+        writer = DualWriter(engine, WRITER_CONFIG, lock_timeout_ms=1500)
+    assert writer._lock_timeout_s == 1.5
+    with pytest.raises(UsageError, match="not both"):
+        DualWriter(engine, WRITER_CONFIG, lock_timeout_ms=1500, lock_timeout_s=1.5)
+
+
+@covers("kafka2pc.recipes.dual_write.WriterPool.__init__", "lock_timeout_ms")
+def test_writer_pool_lock_timeout_ms(engine: sa.Engine) -> None:
+    with warns("WriterPool(lock_timeout_ms=", "lock_timeout_s"):
+        pool = WriterPool(engine, UNREACHABLE, prefix="deprecated", size=1, lock_timeout_ms=2500, start=False)
+    assert pool._writer_options["lock_timeout_s"] == 2.5
+
+
+@covers("kafka2pc.recipes.dual_write.DualWriter.recover", "raise_on_heuristic", "acknowledge_heuristic")
+@pytest.mark.parametrize(("old", "value", "new"), [
+    ("raise_on_heuristic", False, "on_heuristic='raise' or 'report'"),
+    ("acknowledge_heuristic", True, "on_heuristic='acknowledge'"),
+])
+def test_dual_writer_recover_flag(engine: sa.Engine, old: str, value: bool, new: str) -> None:
+    writer = DualWriter(engine, WRITER_CONFIG)  # no state table: recover stops there, before Kafka
+    with warns(f"DualWriter.recover({old}=", new), pytest.raises(MissingTableError):
+        writer.recover(**{old: value})
+    with pytest.raises(UsageError, match="not both"):
+        writer.recover(on_heuristic="report", **{old: value})
+
+
+def test_recover_refuses_an_unknown_on_heuristic(engine: sa.Engine) -> None:
+    with pytest.raises(UsageError, match="on_heuristic must be one of 'raise', 'report', 'acknowledge'"):
+        DualWriter(engine, WRITER_CONFIG).recover(on_heuristic="ignore")  # type: ignore[arg-type]
+
+
+@covers("kafka2pc.recipes.dual_write.aio.AsyncDualWriter.__init__", "lock_timeout_ms")
+def test_async_dual_writer_lock_timeout_ms(tmp_path: Path) -> None:
+    with warns("AsyncDualWriter(lock_timeout_ms=", "lock_timeout_s"):
+        writer = AsyncDualWriter(async_engine(tmp_path), WRITER_CONFIG, lock_timeout_ms=1500)
+    assert writer._sync._lock_timeout_s == 1.5
+
+
+@covers("kafka2pc.recipes.dual_write.aio.AsyncWriterPool.__init__", "lock_timeout_ms")
+def test_async_writer_pool_lock_timeout_ms(tmp_path: Path) -> None:
+    with warns("AsyncWriterPool(lock_timeout_ms=", "lock_timeout_s"):
+        pool = AsyncWriterPool(async_engine(tmp_path), UNREACHABLE, prefix="deprecated", size=1,
+                               lock_timeout_ms=2500)
+    assert pool._sync._writer_options["lock_timeout_s"] == 2.5
+
+
+@covers("kafka2pc.recipes.dual_write.aio.AsyncDualWriter.recover", "raise_on_heuristic", "acknowledge_heuristic")
+@pytest.mark.parametrize(("old", "value", "new"), [
+    ("raise_on_heuristic", False, "on_heuristic='raise' or 'report'"),
+    ("acknowledge_heuristic", True, "on_heuristic='acknowledge'"),
+])
+def test_async_dual_writer_recover_flag(tmp_path: Path, old: str, value: bool, new: str) -> None:
+    async def main() -> None:
+        engine = async_engine(tmp_path)
+        writer = AsyncDualWriter(engine, WRITER_CONFIG)
+        try:
+            with warns(f"AsyncDualWriter.recover({old}=", new), pytest.raises(MissingTableError):
+                await writer.recover(**{old: value})
+        finally:
+            await writer.close()
+            await engine.dispose()
+
+    asyncio.run(main())
+
+
+def test_every_alias_has_a_test() -> None:
+    assert {(where, old) for where, old, _ in RENAMED_ARGUMENTS} == TESTED
