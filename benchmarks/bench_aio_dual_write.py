@@ -40,7 +40,7 @@ import uuid
 from datetime import datetime, timezone
 
 import sqlalchemy as sa
-from kafka2pc.recipes.dual_write import DualWriter, state_table
+from kafka2pc.recipes.dual_write import DualWriter, define_state_table
 from kafka2pc.recipes.dual_write.aio import AsyncDualWriter
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
@@ -71,7 +71,7 @@ class Bench:
     def __init__(self, url: str, bootstrap: str, max_writers: int, max_concurrency: int) -> None:
         self.bootstrap = bootstrap
         metadata = sa.MetaData()
-        self.states = state_table(metadata)
+        self.states = define_state_table(metadata)
         self.orders = sa.Table("bench_aio_orders", metadata, sa.Column("id", sa.String(80), primary_key=True),
                                sa.Column("payload", sa.String(200)))
         self.engine = sa.create_engine(url, pool_size=max_writers + 2, max_overflow=max_concurrency)

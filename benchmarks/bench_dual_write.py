@@ -55,7 +55,7 @@ from datetime import datetime, timezone
 
 import sqlalchemy as sa
 from confluent_kafka import Producer
-from kafka2pc.recipes.dual_write import DualWriter, WriterPool, lease_table, state_table
+from kafka2pc.recipes.dual_write import DualWriter, WriterPool, define_lease_table, define_state_table
 
 from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
 from kafka2pc.testing import create_topic
@@ -138,7 +138,7 @@ class Lane:
         self.pool = pool
         self.writer = DualWriter(
             engine, {"bootstrap.servers": bootstrap, "transactional.id": f"bench-dw-{name}"},
-            state_table=state_table(sa.MetaData()),
+            state_table=define_state_table(sa.MetaData()),
         )
         self.writer.recover()
         # The same transaction timeout as the recipe's producer, so that only the protocol differs.
@@ -290,8 +290,8 @@ def run(rounds: int, seconds: float, sizes: list[int], writer_counts: list[int])
         meter = CpuMeter(broker_pids, sa.make_url(url).database or "")
         engine = sa.create_engine(url, pool_size=2 * max(writer_counts) + 2)
         metadata = sa.MetaData()
-        state_table(metadata)
-        lease_table(metadata)
+        define_state_table(metadata)
+        define_lease_table(metadata)
         orders = sa.Table(
             "bench_orders", metadata,
             sa.Column("id", sa.String(80), primary_key=True), sa.Column("payload", sa.String(200)),
@@ -301,7 +301,7 @@ def run(rounds: int, seconds: float, sizes: list[int], writer_counts: list[int])
         run_id = uuid.uuid4().hex[:8]
         most = max(writer_counts)
         pool = WriterPool(engine, {"bootstrap.servers": bootstrap}, prefix=f"bench-pipe-{run_id}", size=2 * most,
-                          max_slots=2 * most, pipelined=True, state_table=state_table(sa.MetaData()))
+                          max_slots=2 * most, pipelined=True, state_table=define_state_table(sa.MetaData()))
         lanes = [Lane(engine, bootstrap, f"{run_id}-{i}", pool) for i in range(most)]
         modes = ["recipe", "pipelined", "baseline", "floor", "bound"]
         for writers in writer_counts:

@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
-from kafka2pc.recipes.dual_write import DualWriter, WriterPool, lease_table, state_table
+from kafka2pc.recipes.dual_write import DualWriter, WriterPool, define_lease_table, define_state_table
 
 from kafka2pc.testing import create_topic
 from kafka2pc.testing.postgres import fresh_database
@@ -91,8 +91,8 @@ def run(rounds: int, seconds: float, concurrency: list[int]) -> list[dict[str, A
     with fresh_database() as url:
         engine = sa.create_engine(url, pool_size=2 * max(concurrency) + 8, max_overflow=16)
         metadata = sa.MetaData()
-        state_table(metadata)
-        lease_table(metadata)
+        define_state_table(metadata)
+        define_lease_table(metadata)
         orders = sa.Table("bench_orders", metadata, sa.Column("id", sa.String(80), primary_key=True),
                           sa.Column("payload", sa.String(200)))
         metadata.create_all(engine)
@@ -100,9 +100,9 @@ def run(rounds: int, seconds: float, concurrency: list[int]) -> list[dict[str, A
         run_id = uuid.uuid4().hex[:6]
         for n in concurrency:
             pool = WriterPool(engine, config, prefix=f"bench-pool-{run_id}-{n}", size=n, max_slots=n,
-                              state_table=state_table(sa.MetaData()))
+                              state_table=define_state_table(sa.MetaData()))
             writers = [DualWriter(engine, {**config, "transactional.id": f"bench-single-{run_id}-{n}-{i}"},
-                                  state_table=state_table(sa.MetaData())) for i in range(n)]
+                                  state_table=define_state_table(sa.MetaData())) for i in range(n)]
             for w in writers:
                 w.recover()
 

@@ -42,7 +42,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
-from kafka2pc.recipes.dual_write import Step, WriterPool, lease_table, state_table
+from kafka2pc.recipes.dual_write import Step, WriterPool, define_lease_table, define_state_table
 
 from kafka2pc import TransactionAdmin
 from kafka2pc.testing import create_topic, drain, end_offsets
@@ -83,7 +83,7 @@ def child(job: dict[str, Any]) -> None:
     # only free ids (the parent expires every lease at the end, as if a lease interval had passed).
     pool = WriterPool(engine, {"bootstrap.servers": job["bootstrap"]}, prefix=job["prefix"], size=job["size"],
                       max_slots=job["n"], lease_s=3600, on_step=hook, acquire_timeout_s=300,
-                      state_table=state_table(sa.MetaData()), scan_every_s=3600)
+                      state_table=define_state_table(sa.MetaData()), scan_every_s=3600)
 
     def one(i: int) -> None:
         where.park_at = "db_committed" if i % 2 == 0 else "prepared"
@@ -121,7 +121,7 @@ def pin_child(job: dict[str, Any]) -> None:
             threading.Event().wait()
 
     pool = WriterPool(engine, {"bootstrap.servers": job["bootstrap"]}, prefix=job["prefix"], size=job["size"],
-                      max_slots=1, on_step=hook, state_table=state_table(sa.MetaData()))
+                      max_slots=1, on_step=hook, state_table=define_state_table(sa.MetaData()))
     rid = f"{job['prefix']}:pinned"
     with engine.connect() as conn, pool.transaction(conn) as tx:
         tx.produce(job["topic"], value=rid.encode())
@@ -132,13 +132,13 @@ def measure_pin(url: str, bootstrap: str, runs: int) -> list[float]:
     """Seconds from the SIGKILL of an instance (right after it renewed its lease: the worst moment) until its
     open transaction is settled by a surviving instance, with the default lease (15 s) and scan (lease / 3)."""
     engine = sa.create_engine(url)
-    leases = lease_table(sa.MetaData())
+    leases = define_lease_table(sa.MetaData())
     pins = []
     for run_no in range(runs):
         prefix = f"pin-{uuid.uuid4().hex[:6]}"
         topic = create_topic(bootstrap)
         survivor = WriterPool(engine, {"bootstrap.servers": bootstrap}, prefix=prefix, size=4, max_slots=1,
-                              state_table=state_table(sa.MetaData()))
+                              state_table=define_state_table(sa.MetaData()))
         job = {"url": url, "bootstrap": bootstrap, "topic": topic, "prefix": prefix, "size": 4}
         proc = subprocess.Popen([sys.executable, __file__, "--pin-child", json.dumps(job)], stdout=subprocess.PIPE,
                                 text=True)
@@ -190,13 +190,13 @@ def leave_in_doubt(url: str, bootstrap: str, topic: str, prefix: str, ids: int) 
 
 def settle(url: str, bootstrap: str, topic: str, prefix: str, ids: int, parallelism: int) -> dict[str, Any]:
     engine = sa.create_engine(url, pool_size=parallelism + 4, max_overflow=parallelism)
-    leases = lease_table(sa.MetaData())
+    leases = define_lease_table(sa.MetaData())
     with engine.begin() as conn:  # a lease interval has passed since the kills
         conn.execute(sa.update(leases).where(leases.c.pool == prefix)
                      .values(expires_at=datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(seconds=1)))
     pool = WriterPool(engine, {"bootstrap.servers": bootstrap}, prefix=prefix, size=ids, max_slots=1,
                       lease_s=30, settle_parallelism=parallelism, start=False,
-                      state_table=state_table(sa.MetaData()))
+                      state_table=define_state_table(sa.MetaData()))
     began = time.monotonic()
     results = pool.settle_orphans()
     elapsed = time.monotonic() - began
@@ -237,8 +237,8 @@ def run(ids: int, scaling: int, parallelisms: list[int], pin_runs: int) -> tuple
     with fresh_database() as url:
         engine = sa.create_engine(url)
         metadata = sa.MetaData()
-        state_table(metadata)
-        lease_table(metadata)
+        define_state_table(metadata)
+        define_lease_table(metadata)
         _items(metadata)
         metadata.create_all(engine)
         engine.dispose()

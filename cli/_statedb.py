@@ -185,12 +185,12 @@ class RowLocks:
 
     def __init__(self, db_url: str, table: str = DEFAULT_TABLE, *, timeout_s: float = 15.0) -> None:
         # kafka2pc.recipes lives in recipes/ (a package-dir mapping mypy cannot follow from cli/).
-        from kafka2pc.recipes.dual_write import state_table, store_for  # type: ignore[import-not-found,unused-ignore]
+        from kafka2pc.recipes.dual_write import define_state_table, store_for  # type: ignore[import-not-found,unused-ignore]
 
         url = _engine_url(db_url)
         self._engine = sa.create_engine(url, connect_args=_connect_args(url, timeout_s), poolclass=NullPool)
         schema, _, name = table.rpartition(".")
-        self._store = store_for(self._engine.dialect, state_table(sa.MetaData(), name, schema=schema or None))
+        self._store = store_for(self._engine.dialect, define_state_table(sa.MetaData(), name, schema=schema or None))
         self._timeout_s = timeout_s
 
     @contextmanager

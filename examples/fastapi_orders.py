@@ -54,7 +54,7 @@ from typing import Any
 import sqlalchemy as sa
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from kafka2pc.recipes.dual_write import state_table
+from kafka2pc.recipes.dual_write import define_state_table
 from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, recover_all
 from pydantic import BaseModel, Field
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
@@ -76,7 +76,7 @@ class OrderRow(Base):
     quantity: Mapped[int]
 
 
-STATE_TABLE = state_table(Base.metadata)  # kafka_transaction_state, created with the orders table
+STATE_TABLE = define_state_table(Base.metadata)  # kafka_transaction_state, created with the orders table
 
 
 class Order(BaseModel):

@@ -50,13 +50,13 @@ def serve(
     db_url: str, bootstrap: str, topic: str, transactional_id: str, first: int, last: int, crash_after_db_commit_of: int
 ) -> None:
     """Place orders first..last; SIGKILL itself between the two commits of order ``crash_after_db_commit_of``."""
-    from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
+    from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
 
     logging.basicConfig(level=logging.WARNING, format="  [log] %(levelname)s %(name)s: %(message)s")
     pid = os.getpid()
     engine = sa.create_engine(db_url)
     metadata = Base.metadata
-    state_table(metadata)
+    define_state_table(metadata)
     metadata.create_all(engine)
     current = {"order": 0}
 
@@ -69,7 +69,7 @@ def serve(
     writer = DualWriter(
         engine,
         {"bootstrap.servers": bootstrap, "transactional.id": transactional_id},
-        state_table=state_table(metadata),
+        state_table=define_state_table(metadata),
         on_step=on_step,
     )
     say(pid, "started; recovering before taking new orders...")

@@ -4,10 +4,10 @@ The application writes rows and produces records inside one block; the
 recipe makes both land or neither::
 
     import sqlalchemy as sa
-    from kafka2pc.recipes.dual_write import DualWriter, state_table
+    from kafka2pc.recipes.dual_write import DualWriter, define_state_table
 
     metadata = sa.MetaData()
-    state_table(metadata)                       # kafka_transaction_state
+    define_state_table(metadata)                # kafka_transaction_state
     metadata.create_all(engine)
 
     writer = DualWriter(engine, {"bootstrap.servers": "localhost:9092",
@@ -59,12 +59,15 @@ two-phase transaction, so even that case delivers them exactly once.
 
 Many instances sharing one database need no hand-made ids:
 :class:`WriterPool` leases transactional ids from a bounded set recorded in
-that database (:func:`lease_table`), gives each concurrent transaction its own
+that database (:func:`define_lease_table`), gives each concurrent transaction its own
 producer, and settles the ids of instances that died (``docs/deploying.md``).
 
 See ``docs/dual-write.md`` for the failure analysis and the metrics.
 """
 
+from typing import TYPE_CHECKING, Any
+
+from kafka2pc._deprecation import renamed
 from kafka2pc._extras import missing_extra
 
 try:
@@ -74,14 +77,21 @@ except ImportError as exc:
 
 from ._bind import Bind
 from ._handle import DualWriteTransaction
-from ._lease import DEFAULT_LEASE_TABLE, Lease, lease_table
+from ._lease import DEFAULT_LEASE_TABLE, Lease, define_lease_table
 from ._lifecycle import WriterState
 from ._pool import PoolExhaustedError, PoolMetrics, WriterPool
-from ._schema import DEFAULT_OUTBOX_TABLE, DEFAULT_STATE_TABLE, outbox_table, state_function_sql, state_table
+from ._schema import (
+    DEFAULT_OUTBOX_TABLE,
+    DEFAULT_STATE_TABLE,
+    define_outbox_table,
+    define_state_table,
+    state_function_sql,
+)
 from ._store import MySQLStore, PostgresStore, RowLockStore, SQLiteStore, StateStore, store_for
 from ._values import (
     DualWriteMetrics,
     MissingTableError,
+    OnHeuristic,
     RecoveryResult,
     StateRowLockedError,
     Step,
@@ -102,6 +112,7 @@ __all__ = [
     "Lease",
     "MissingTableError",
     "MySQLStore",
+    "OnHeuristic",
     "PoolExhaustedError",
     "PoolMetrics",
     "PostgresStore",
@@ -116,10 +127,22 @@ __all__ = [
     "TransactionMisuseError",
     "WriterPool",
     "WriterState",
-    "lease_table",
-    "outbox_table",
+    "define_lease_table",
+    "define_outbox_table",
+    "define_state_table",
     "recover_all",
     "state_function_sql",
-    "state_table",
     "store_for",
 ]
+
+# 0.1 names, kept for one minor release: each access warns and names the replacement.
+_RENAMED = {"state_table": define_state_table, "outbox_table": define_outbox_table, "lease_table": define_lease_table}
+
+if not TYPE_CHECKING:  # type checkers see only the 1.0 names
+
+    def __getattr__(name: str) -> Any:
+        new = _RENAMED.get(name)
+        if new is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        renamed(f"kafka2pc.recipes.dual_write.{name}", f"kafka2pc.recipes.dual_write.{new.__name__}")
+        return new

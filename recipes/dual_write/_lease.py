@@ -34,17 +34,19 @@ from typing import Final
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-__all__ = ["DEFAULT_LEASE_TABLE", "Lease", "LeaseBook", "lease_table"]
+__all__ = ["DEFAULT_LEASE_TABLE", "Lease", "LeaseBook", "define_lease_table"]
 
 DEFAULT_LEASE_TABLE: Final = "kafka_writer_lease"
 
 
-def lease_table(metadata: sa.MetaData, name: str = DEFAULT_LEASE_TABLE, *, schema: str | None = None) -> sa.Table:
+def define_lease_table(
+    metadata: sa.MetaData, name: str = DEFAULT_LEASE_TABLE, *, schema: str | None = None
+) -> sa.Table:
     """The lease table of :class:`~kafka2pc.recipes.dual_write.WriterPool` (SQLAlchemy Core, on ``metadata``).
 
     One row per transactional id of every pool sharing the database; create
     it with ``metadata.create_all(engine)`` (or an Alembic migration) next to
-    :func:`~kafka2pc.recipes.dual_write.state_table`.  Calling it again with
+    :func:`~kafka2pc.recipes.dual_write.define_state_table`.  Calling it again with
     the same name returns the table already defined.
     """
     key = name if schema is None else f"{schema}.{name}"

@@ -32,11 +32,11 @@ from kafka2pc._deprecation import seconds_from_ms
 
 from ._handle import DualWriteTransaction
 from ._lease import Lease, LeaseBook
-from ._lease import lease_table as _make_lease_table
+from ._lease import define_lease_table as _make_lease_table
 from ._lifecycle import WriterState
 from ._pipeline import CommitPipeline, InFlightCommit
 from ._schema import create_state_table
-from ._schema import state_table as _make_state_table
+from ._schema import define_state_table as _make_state_table
 from ._store import locked, store_for
 from ._values import DualWriteMetrics, RecoveryResult, StepHook
 from ._writer import DualWriter
@@ -149,7 +149,7 @@ class WriterPool:
     """Dual writers for many instances sharing one database, with transactional ids from a leased set.
 
     ``prefix`` names the pool: its ids are ``<prefix>-0`` .. ``<prefix>-<size-1>``,
-    recorded in the lease table (:func:`lease_table`) of ``engine``'s database,
+    recorded in the lease table (:func:`define_lease_table`) of ``engine``'s database,
     which also holds the state table.  Every instance of the service creates a
     ``WriterPool`` with the same ``prefix`` and ``size``; ``size`` must cover
     the transactions all instances run at once (ids are reused, never

@@ -259,7 +259,7 @@ class Recovering(WriterCore):
         return MissingTableError(
             f"{self._tid!r}: the table {names} does not exist in "
             f"{self._engine.url.render_as_string(hide_password=True)}. "
-            "Create it once with the application's tables: state_table(metadata)"
-            f"{' and outbox_table(metadata)' if self._retain else ''} on your MetaData, then "
+            "Create it once with the application's tables: define_state_table(metadata)"
+            f"{' and define_outbox_table(metadata)' if self._retain else ''} on your MetaData, then "
             "metadata.create_all(engine) (or an Alembic migration); writer.create_tables() does it for scripts"
         )

@@ -9,14 +9,16 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 __all__ = [
-    "DEFAULT_OUTBOX_TABLE", "DEFAULT_STATE_TABLE", "outbox_table", "state_function_sql", "state_table",
+    "DEFAULT_OUTBOX_TABLE", "DEFAULT_STATE_TABLE", "define_outbox_table", "state_function_sql", "define_state_table",
 ]
 
 DEFAULT_STATE_TABLE: Final = "kafka_transaction_state"
 DEFAULT_OUTBOX_TABLE: Final = "kafka_transaction_outbox"
 
 
-def state_table(metadata: sa.MetaData, name: str = DEFAULT_STATE_TABLE, *, schema: str | None = None) -> sa.Table:
+def define_state_table(
+    metadata: sa.MetaData, name: str = DEFAULT_STATE_TABLE, *, schema: str | None = None
+) -> sa.Table:
     """The ``transactional_id -> prepared_txn_state`` table of the KIP's "database schema prerequisite".
 
     Defined with SQLAlchemy Core on the caller's ``metadata`` so that
@@ -119,11 +121,13 @@ def create_state_table(bind: sa.Engine | sa.Connection, table: sa.Table) -> None
         bind.exec_driver_sql(state_function_sql(table))
 
 
-def outbox_table(metadata: sa.MetaData, name: str = DEFAULT_OUTBOX_TABLE, *, schema: str | None = None) -> sa.Table:
+def define_outbox_table(
+    metadata: sa.MetaData, name: str = DEFAULT_OUTBOX_TABLE, *, schema: str | None = None
+) -> sa.Table:
     """The table where ``retain_records=True`` keeps a transaction's records until Kafka commits it.
 
     Each row belongs to the transaction named by ``prepared_txn_state``; only
-    rows of the state stored in :func:`state_table` are ever re-published.
+    rows of the state stored in :func:`define_state_table` are ever re-published.
     ``kafka_partition`` is the partition the record was delivered to, so a
     re-published record lands where the original would have.
     """

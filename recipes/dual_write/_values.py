@@ -274,7 +274,7 @@ class MissingTableError(UsageError):
     """The state table (or, with ``retain_records=True``, the outbox table) does not exist.
 
     Create it once, like any other table of the application:
-    ``state_table(metadata)`` (and ``outbox_table(metadata)``) on the
+    ``define_state_table(metadata)`` (and ``define_outbox_table(metadata)``) on the
     application's ``MetaData``, then ``metadata.create_all(engine)`` or an
     Alembic migration; ``writer.create_tables()`` does it for scripts and tests.
     """

@@ -27,8 +27,8 @@ from ._bind import bind as bind_target
 from ._handle import DualWriteTransaction
 from ._lifecycle import WriterState
 from ._schema import create_state_table
-from ._schema import outbox_table as _make_outbox_table
-from ._schema import state_table as _make_state_table
+from ._schema import define_outbox_table as _make_outbox_table
+from ._schema import define_state_table as _make_state_table
 from ._settle import Settling
 from ._store import StateStore, TakenOver, locked, store_for
 from ._topics import TopicCheck

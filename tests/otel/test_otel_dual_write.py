@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from _otelkit import Collected
-from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
+from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
 from opentelemetry.trace import StatusCode
 
 from kafka2pc import TransactionAdmin
@@ -37,7 +37,7 @@ def test_dual_write_transactions_become_counters_histograms_gauges_and_spans(
     tid = f"k2pc-otel-dw-{uuid.uuid4().hex[:8]}"
     metadata = sa.MetaData()
     items = sa.Table(f"otel_items_{uuid.uuid4().hex[:6]}", metadata, sa.Column("id", sa.Integer, primary_key=True))
-    states = state_table(metadata, f"otel_state_{uuid.uuid4().hex[:6]}")
+    states = define_state_table(metadata, f"otel_state_{uuid.uuid4().hex[:6]}")
     metadata.create_all(engine)
     seen: list[Step] = []
     during: dict[str, Any] = {}

@@ -36,7 +36,7 @@ def async_url(url: str) -> str:
 
 async def run_async_job(job: dict[str, Any]) -> None:
     """Run one crash job on an event loop in this (forked) process; normally it ends with SIGKILL."""
-    from kafka2pc.recipes.dual_write import Step, state_table
+    from kafka2pc.recipes.dual_write import Step, define_state_table
     from kafka2pc.recipes.dual_write.aio import AsyncDualWriter
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
@@ -44,7 +44,7 @@ async def run_async_job(job: dict[str, Any]) -> None:
     connect_args = {"application_name": session_name(os.getpid())} if job["db_url"].startswith("postgresql") else {}
     engine = create_async_engine(async_url(job["db_url"]), poolclass=sa.pool.NullPool, connect_args=connect_args)
     metadata = sa.MetaData()
-    states, items = state_table(metadata), items_table(metadata)
+    states, items = define_state_table(metadata), items_table(metadata)
     phase: dict[str, Any] = {"name": "recover", "txn": -1, "racing": False}
     point, crash_txn = job.get("point"), job.get("crash_txn", -1)
     rng = random.Random(job.get("seed", 0))

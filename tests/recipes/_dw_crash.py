@@ -95,7 +95,7 @@ def session_name(pid: int) -> str:
 
 def run_job(job: dict[str, Any]) -> None:
     """Run one crash job in this (forked) process; normally it ends with SIGKILL."""
-    from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
+    from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
 
     connect_args: dict[str, Any] = (
         {"timeout": job["sqlite_timeout"]} if "sqlite_timeout" in job and job["db_url"].startswith("sqlite") else {}
@@ -104,7 +104,7 @@ def run_job(job: dict[str, Any]) -> None:
         connect_args["application_name"] = session_name(os.getpid())  # see Zygote.run
     engine = sa.create_engine(job["db_url"], poolclass=sa.pool.NullPool, connect_args=connect_args)
     metadata = sa.MetaData()
-    states = state_table(metadata)
+    states = define_state_table(metadata)
     items = items_table(metadata)
     phase: dict[str, Any] = {"name": "recover", "txn": -1, "racing": False}
     point = job.get("point")

@@ -43,7 +43,7 @@ def _append(path: str, record: dict[str, Any]) -> None:
 def main(job: dict[str, Any]) -> None:
     import logging
 
-    from kafka2pc.recipes.dual_write import Step, WriterPool, state_table
+    from kafka2pc.recipes.dual_write import Step, WriterPool, define_state_table
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s {job['worker']} %(threadName)s %(levelname)s %(name)s: %(message)s")
@@ -96,7 +96,7 @@ def main(job: dict[str, Any]) -> None:
     pool = WriterPool(
         engine, {"bootstrap.servers": job["bootstrap"], **job.get("producer_config", {})},
         prefix=job["prefix"], size=job["size"], max_slots=job.get("max_slots", job["threads"]),
-        lease_s=job["lease_s"], state_table=state_table(sa.MetaData()), on_step=hook,
+        lease_s=job["lease_s"], state_table=define_state_table(sa.MetaData()), on_step=hook,
         pipelined=job.get("pipelined", False), acquire_timeout_s=job.get("acquire_timeout_s", 30.0),
         settle_parallelism=job.get("settle_parallelism", 8),
     )

@@ -27,8 +27,8 @@ from kafka2pc.recipes.dual_write import (
     TopicNotFoundError,
     TransactionMisuseError,
     WriterState,
-    outbox_table,
-    state_table,
+    define_outbox_table,
+    define_state_table,
 )
 from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, recover_all
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
@@ -56,7 +56,7 @@ class Env:
         self.topic = create_topic(bootstrap)
         self.series = uuid.uuid4().hex[:10]
         metadata = sa.MetaData()
-        self.states, self.items, self.outbox = state_table(metadata), items_table(metadata), outbox_table(metadata)
+        self.states, self.items, self.outbox = define_state_table(metadata), items_table(metadata), define_outbox_table(metadata)
         metadata.create_all(self.engine)
         _Base.metadata.create_all(self.engine)
 
@@ -382,7 +382,7 @@ def test_a_writer_taken_over_by_another_instance_stops_with_producer_fenced(env:
 def test_missing_table_missing_topic_and_a_locked_state_row_are_typed_errors(env: Env) -> None:
     async def scenario(engine: AsyncEngine) -> None:
         missing = AsyncDualWriter(engine, {"bootstrap.servers": env.bootstrap, "transactional.id": "adw-missing"},
-                                  state_table=state_table(sa.MetaData(), f"no_such_{env.series}"))
+                                  state_table=define_state_table(sa.MetaData(), f"no_such_{env.series}"))
         with pytest.raises(MissingTableError, match="does not exist"):
             await missing.recover()
         await missing.close()

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from _dw_crash import check_consistency, items_table
-from kafka2pc.recipes.dual_write import state_table
+from kafka2pc.recipes.dual_write import define_state_table
 from kafka2pc.recipes.dual_write.aio import AsyncDualWriter
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
@@ -68,7 +68,7 @@ def assert_loop_not_blocked(report: StallReport, label: str, *, stalled_fraction
 
 def make_tables(url: str) -> tuple[sa.Table, sa.Table]:
     metadata = sa.MetaData()
-    states, items = state_table(metadata), items_table(metadata)
+    states, items = define_state_table(metadata), items_table(metadata)
     engine = sa.create_engine(url)
     metadata.create_all(engine)
     engine.dispose()

@@ -23,7 +23,7 @@ import pytest  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 from _adw_crash import async_url  # noqa: E402
 from _dw_crash import _append, check_consistency, items_table  # noqa: E402
-from kafka2pc.recipes.dual_write import PoolExhaustedError, Step, lease_table, state_table  # noqa: E402
+from kafka2pc.recipes.dual_write import PoolExhaustedError, Step, define_lease_table, define_state_table  # noqa: E402
 from kafka2pc.recipes.dual_write.aio import AsyncWriterPool  # noqa: E402
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine  # noqa: E402
 
@@ -44,8 +44,8 @@ def _async_engine(url: str) -> AsyncEngine:
 def _setup(url: str) -> sa.Engine:
     engine = sa.create_engine(url)
     metadata = sa.MetaData()
-    state_table(metadata)
-    lease_table(metadata)
+    define_state_table(metadata)
+    define_lease_table(metadata)
     items_table(metadata)
     metadata.create_all(engine)
     return engine
@@ -259,7 +259,7 @@ def _run_child(tmp_path: Path, job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _lease_rows(engine: sa.Engine, prefix: str) -> list[sa.Row[Any]]:
-    t = lease_table(sa.MetaData())
+    t = define_lease_table(sa.MetaData())
     with engine.connect() as conn:
         return list(conn.execute(sa.select(t.c.transactional_id, t.c.owner, t.c.expires_at, t.c.epoch)
                                  .where(t.c.pool == prefix)).all())

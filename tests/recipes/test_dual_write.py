@@ -25,9 +25,9 @@ from kafka2pc.recipes.dual_write import (
     DualWriteMetrics,
     DualWriter,
     Step,
-    outbox_table,
+    define_outbox_table,
     recover_all,
-    state_table,
+    define_state_table,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -91,8 +91,8 @@ class Env:
 def _env(url: str, bootstrap: str) -> Env:
     engine = sa.create_engine(url)
     metadata = sa.MetaData()
-    env = Env(engine, bootstrap, create_topic(bootstrap), uuid.uuid4().hex[:10], state_table(metadata),
-              items_table(metadata), outbox_table(metadata))
+    env = Env(engine, bootstrap, create_topic(bootstrap), uuid.uuid4().hex[:10], define_state_table(metadata),
+              items_table(metadata), define_outbox_table(metadata))
     metadata.create_all(engine)
     return env
 
@@ -116,8 +116,8 @@ def pg_env(pg_url: str, kafka_bootstrap: str) -> Iterator[Env]:
 
 def test_state_table_has_the_documented_shape_and_a_configurable_name(db_url: str) -> None:
     metadata = sa.MetaData()
-    table = state_table(metadata, "orders_kafka_state")
-    assert state_table(metadata, "orders_kafka_state") is table  # idempotent on one MetaData
+    table = define_state_table(metadata, "orders_kafka_state")
+    assert define_state_table(metadata, "orders_kafka_state") is table  # idempotent on one MetaData
     engine = sa.create_engine(db_url)
     metadata.create_all(engine)
     columns = {c["name"]: c for c in sa.inspect(engine).get_columns("orders_kafka_state")}
@@ -575,7 +575,7 @@ def test_the_state_function_carries_the_update_and_a_writer_without_it_updates_i
     metadata = sa.MetaData()
     name = f"st_{uuid.uuid4().hex[:8]}"
     env = Env(engine, kafka_bootstrap, create_topic(kafka_bootstrap), uuid.uuid4().hex[:10],
-              state_table(metadata, name), items_table(metadata), outbox_table(metadata, f"ob_{name}"))
+              define_state_table(metadata, name), items_table(metadata), define_outbox_table(metadata, f"ob_{name}"))
     metadata.create_all(engine)
     function = f"kafka2pc_store_{name}"
     signature = f"{function}(text, text, text, text, timestamp)"
@@ -625,10 +625,10 @@ def test_the_state_function_refuses_a_changed_row_and_quotes_odd_names(pg_url: s
 
     engine = sa.create_engine(pg_url)
     metadata = sa.MetaData()
-    odd = state_table(metadata, 'odd "name" ' + "x" * 39)  # 50 characters: the function's name is hashed
+    odd = define_state_table(metadata, 'odd "name" ' + "x" * 39)  # 50 characters: the function's name is hashed
     with engine.begin() as conn:
         conn.exec_driver_sql('CREATE SCHEMA IF NOT EXISTS "k2pc schema"')
-    other = state_table(metadata, "plain", schema="k2pc schema")
+    other = define_state_table(metadata, "plain", schema="k2pc schema")
     metadata.create_all(engine)
     assert '"k2pc schema"."kafka2pc_store_plain"' in state_function_sql(other)
     with engine.begin() as conn:

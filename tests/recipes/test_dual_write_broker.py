@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 from _dw_crash import check_consistency, items_table
-from kafka2pc.recipes.dual_write import DualWriter, Step, WriterState, state_table
+from kafka2pc.recipes.dual_write import DualWriter, Step, WriterState, define_state_table
 
 from kafka2pc import IndefiniteOutcomeError, Kafka2pcError, PreparedTxnState, TransactionOutcome
 from kafka2pc.testing import create_topic
@@ -93,7 +93,7 @@ def test_broker_restart_during_prepare_or_commit_keeps_both_sides_equal(
     engine = sa.create_engine(db_url)
     metadata = sa.MetaData()
     items = items_table(metadata)
-    state_table(metadata)
+    define_state_table(metadata)
     metadata.create_all(engine)
     restarted = threading.Event()
     restarter: list[threading.Thread] = []
@@ -121,7 +121,7 @@ def test_broker_restart_during_prepare_or_commit_keeps_both_sides_equal(
          # to the broker's maximum, an hour here): once in 30 CI runs a record produced just before
          # the restart was never acknowledged afterwards, and the prepare waited for it indefinitely.
          "transaction.timeout.ms": 60_000},
-        state_table=state_table(sa.MetaData()),
+        state_table=define_state_table(sa.MetaData()),
         kafka_timeout_s=kafka_timeout_s,
         on_step=lambda step: restart_broker(step) if armed else None,
     )
@@ -181,7 +181,7 @@ def test_broker_down_after_the_database_commit_ends_within_kafka_timeout(
     engine = sa.create_engine(db_url)
     metadata = sa.MetaData()
     items = items_table(metadata)
-    states = state_table(metadata)
+    states = define_state_table(metadata)
     metadata.create_all(engine)
     stopped_at: list[float] = []
     armed = False
@@ -194,7 +194,7 @@ def test_broker_down_after_the_database_commit_ends_within_kafka_timeout(
     tid = f"dw-bound-{series}"
     writer = DualWriter(
         engine, {"bootstrap.servers": bootstrap, "transactional.id": tid, "reconnect.backoff.max.ms": 500},
-        state_table=state_table(sa.MetaData()), kafka_timeout_s=kafka_timeout_s, on_step=stop_broker,
+        state_table=define_state_table(sa.MetaData()), kafka_timeout_s=kafka_timeout_s, on_step=stop_broker,
     )
     writer.recover()
 

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from _dw_crash import Zygote, check_consistency, items_table
-from kafka2pc.recipes.dual_write import DualWriter, outbox_table, state_table
+from kafka2pc.recipes.dual_write import DualWriter, define_outbox_table, define_state_table
 
 from kafka2pc import HeuristicOutcomeError
 from kafka2pc._control import ControlPlane
@@ -83,8 +83,8 @@ def _server_url(request: pytest.FixtureRequest, db_kind: str) -> str:
 def _prepare_db(url: str) -> sa.Engine:
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     metadata = sa.MetaData()
-    state_table(metadata)
-    outbox_table(metadata)
+    define_state_table(metadata)
+    define_outbox_table(metadata)
     items_table(metadata)
     metadata.create_all(engine)
     return engine
@@ -92,7 +92,7 @@ def _prepare_db(url: str) -> sa.Engine:
 
 def _recover_here(engine: sa.Engine, bootstrap: str, tid: str) -> dict[str, Any]:
     writer = DualWriter(engine, {"bootstrap.servers": bootstrap, "transactional.id": tid},
-                        state_table=state_table(sa.MetaData()))
+                        state_table=define_state_table(sa.MetaData()))
     try:
         result = writer.recover(on_heuristic="report")
     finally:
@@ -324,7 +324,7 @@ def test_heuristic_outcome_is_reported_and_retained_records_are_republished_once
         metadata = sa.MetaData()
         writer = DualWriter(
             engine, {"bootstrap.servers": kafka_bootstrap, "transactional.id": job["tid"]},
-            state_table=state_table(metadata), outbox_table=outbox_table(metadata), retain_records=retain,
+            state_table=define_state_table(metadata), outbox_table=define_outbox_table(metadata), retain_records=retain,
         )
         if not retain:
             with pytest.raises(HeuristicOutcomeError) as info:
@@ -349,7 +349,7 @@ def test_heuristic_outcome_is_reported_and_retained_records_are_republished_once
             rows, records, problems = check_consistency(engine, kafka_bootstrap, job["topic"], job["series"])
             assert not problems, (name, problems)
             assert rows == records == 4
-            outbox = outbox_table(sa.MetaData())
+            outbox = define_outbox_table(sa.MetaData())
             with engine.connect() as conn:
                 left = conn.execute(
                     sa.select(sa.func.count()).select_from(outbox).where(outbox.c.transactional_id == job["tid"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 from _dw_crash import Zygote, check_consistency, items_table
-from kafka2pc.recipes.dual_write import DualWriter, MySQLStore, outbox_table, state_table, store_for
+from kafka2pc.recipes.dual_write import DualWriter, MySQLStore, define_outbox_table, define_state_table, store_for
 
 from kafka2pc.testing import create_topic
 
@@ -27,7 +27,7 @@ def _cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_state_row_version_keeps_microseconds_and_moves_forward(mariadb_url: str, kafka_bootstrap: str) -> None:
     engine = sa.create_engine(mariadb_url)
     metadata = sa.MetaData()
-    states = state_table(metadata)
+    states = define_state_table(metadata)
     metadata.create_all(engine)
     assert isinstance(store_for(engine.dialect, states), MySQLStore)
     writer = DualWriter(engine, {"bootstrap.servers": kafka_bootstrap, "transactional.id": f"dw-v-{uuid.uuid4().hex}"},
@@ -53,8 +53,8 @@ def _killed_child(
     """The recipe's tables, and a child that ran two transactions and was SIGKILLed at ``point`` of the second."""
     engine = sa.create_engine(mariadb_url, poolclass=sa.pool.NullPool)
     metadata = sa.MetaData()
-    state_table(metadata)
-    outbox_table(metadata)
+    define_state_table(metadata)
+    define_outbox_table(metadata)
     items_table(metadata)
     metadata.create_all(engine)
     series = f"{prefix}-{uuid.uuid4().hex[:8]}"

@@ -19,8 +19,8 @@ from kafka2pc.recipes.dual_write import (
     Step,
     TransactionMisuseError,
     WriterState,
-    outbox_table,
-    state_table,
+    define_outbox_table,
+    define_state_table,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -35,7 +35,7 @@ class Env:
         self.topic = create_topic(bootstrap)
         self.series = uuid.uuid4().hex[:10]
         metadata = sa.MetaData()
-        self.states, self.items, self.outbox = state_table(metadata), items_table(metadata), outbox_table(metadata)
+        self.states, self.items, self.outbox = define_state_table(metadata), items_table(metadata), define_outbox_table(metadata)
         metadata.create_all(self.engine)
 
     def writer(self, tid: str | None = None, **kwargs: Any) -> DualWriter:
@@ -348,13 +348,13 @@ def test_a_missing_state_table_is_a_clear_error_saying_how_to_create_it(env: Env
 
     name = f"missing_{env.series}"
     writer = DualWriter(env.engine, {"bootstrap.servers": env.bootstrap, "transactional.id": f"dw-{env.series}"},
-                        state_table=state_table(sa.MetaData(), name))
+                        state_table=define_state_table(sa.MetaData(), name))
     started = time.monotonic()
     with pytest.raises(MissingTableError, match=f"{name}.*create_all"):
         writer.recover()
     assert time.monotonic() - started < 10
     retaining = DualWriter(env.engine, {"bootstrap.servers": env.bootstrap, "transactional.id": f"dw-o-{env.series}"},
-                           state_table=env.states, outbox_table=outbox_table(sa.MetaData(), f"outbox_{name}"),
+                           state_table=env.states, outbox_table=define_outbox_table(sa.MetaData(), f"outbox_{name}"),
                            retain_records=True)
     with pytest.raises(MissingTableError, match=f"outbox_{name}"):
         retaining.recover()

@@ -29,7 +29,7 @@ import pytest
 import sqlalchemy as sa
 
 from kafka2pc import Decision, TransactionOutcome
-from kafka2pc.recipes.dual_write import DualWriter, Step, state_table
+from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
 from kafka2pc.testing import create_topic, drain, end_offsets
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def _tables(metadata: sa.MetaData) -> tuple[sa.Table, sa.Table]:
         sa.Column("shape", sa.String(20), nullable=False),
         sa.Column("position", sa.Integer, nullable=True),
     )
-    return state_table(metadata), work
+    return define_state_table(metadata), work
 
 
 def child(bootstrap: str, source: str, sink: str, tid: str, group: str, db_url: str, shapes: list[str]) -> None:

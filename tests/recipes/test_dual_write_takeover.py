@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from _dw_crash import Zygote, check_consistency, items_table
-from kafka2pc.recipes.dual_write import DualWriter, outbox_table, state_table
+from kafka2pc.recipes.dual_write import DualWriter, define_outbox_table, define_state_table
 
 from kafka2pc.testing import create_topic
 
@@ -80,8 +80,8 @@ class Cell:
 def _prepare(url: str) -> sa.Engine:
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     metadata = sa.MetaData()
-    state_table(metadata)
-    outbox_table(metadata)
+    define_state_table(metadata)
+    define_outbox_table(metadata)
     items_table(metadata)
     metadata.create_all(engine)
     return engine
@@ -140,7 +140,7 @@ def run_cell(cell: Cell, a_zygote: Zygote, b_zygote: Zygote, url: str, bootstrap
                 if entry["recover_error"] != "StateRowLockedError":
                     cell.failures.append(f"run {entry['run']}: B's recovery raised {entry['recover_error']}")
         final = DualWriter(engine, {"bootstrap.servers": bootstrap, "transactional.id": tid},
-                           state_table=state_table(sa.MetaData()), outbox_table=outbox_table(sa.MetaData()),
+                           state_table=define_state_table(sa.MetaData()), outbox_table=define_outbox_table(sa.MetaData()),
                            retain_records=cell.retain)
         try:
             result = final.recover(on_heuristic="report")

@@ -16,8 +16,8 @@ from _dw_crash import check_consistency, items_table
 from kafka2pc.recipes.dual_write import (
     PoolExhaustedError,
     WriterPool,
-    lease_table,
-    state_table,
+    define_lease_table,
+    define_state_table,
 )
 
 from kafka2pc import ProducerFencedError, TransactionAdmin, UsageError
@@ -30,8 +30,8 @@ def _engine(url: str) -> sa.Engine:
     connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
     engine = sa.create_engine(url, pool_size=12, connect_args=connect_args)
     metadata = sa.MetaData()
-    state_table(metadata)
-    lease_table(metadata)
+    define_state_table(metadata)
+    define_lease_table(metadata)
     items_table(metadata)
     metadata.create_all(engine)
     return engine
@@ -272,9 +272,9 @@ def test_an_operator_force_terminating_a_live_transaction(
 
     engine = _engine(pg_url)
     metadata = sa.MetaData()
-    from kafka2pc.recipes.dual_write import outbox_table
+    from kafka2pc.recipes.dual_write import define_outbox_table
 
-    outbox_table(metadata).create(engine, checkfirst=True)
+    define_outbox_table(metadata).create(engine, checkfirst=True)
     topic = create_topic(kafka_bootstrap)
     prefix = _prefix(f"term-{step}")
     config = {"bootstrap.servers": kafka_bootstrap}

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from _dw_crash import check_consistency, items_table
-from kafka2pc.recipes.dual_write import WriterPool, lease_table, state_table
+from kafka2pc.recipes.dual_write import WriterPool, define_lease_table, define_state_table
 
 from kafka2pc import TransactionAdmin
 from kafka2pc.testing import create_topic
@@ -48,8 +48,8 @@ OPEN_BOUND_S = LEASE_S + SCAN_S * 1.2 + 6.0
 def _engine(url: str) -> sa.Engine:
     engine = sa.create_engine(url, pool_size=8)
     metadata = sa.MetaData()
-    state_table(metadata)
-    lease_table(metadata)
+    define_state_table(metadata)
+    define_lease_table(metadata)
     items_table(metadata)
     metadata.create_all(engine)
     return engine
@@ -242,7 +242,7 @@ def test_scale_down_and_up(pg_url: str, kafka_bootstrap: str, tmp_path: Path) ->
 
 
 def _leases(engine: sa.Engine, prefix: str) -> list[sa.Row[Any]]:
-    t = lease_table(sa.MetaData())
+    t = define_lease_table(sa.MetaData())
     with engine.connect() as conn:
         return list(conn.execute(sa.select(t.c.transactional_id, t.c.owner, t.c.epoch).where(t.c.pool == prefix)))
 

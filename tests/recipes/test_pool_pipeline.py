@@ -26,7 +26,7 @@ import pytest
 import sqlalchemy as sa
 from _dw_crash import check_consistency, items_table
 from confluent_kafka import Consumer
-from kafka2pc.recipes.dual_write import WriterPool, lease_table, state_table
+from kafka2pc.recipes.dual_write import WriterPool, define_lease_table, define_state_table
 
 from kafka2pc import TransactionAdmin
 from kafka2pc.testing import create_topic, end_offsets
@@ -40,8 +40,8 @@ def _engine(url: str) -> sa.Engine:
     connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
     engine = sa.create_engine(url, pool_size=10, connect_args=connect_args)
     metadata = sa.MetaData()
-    state_table(metadata)
-    lease_table(metadata)
+    define_state_table(metadata)
+    define_lease_table(metadata)
     items_table(metadata)
     metadata.create_all(engine)
     return engine

@@ -198,5 +198,17 @@ def test_async_dual_writer_recover_flag(tmp_path: Path, old: str, value: bool, n
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("old", ["state_table", "outbox_table", "lease_table"])
+def test_table_function_is_define_table(old: str) -> None:
+    import kafka2pc.recipes.dual_write as dual_write
+
+    new = f"define_{old}"
+    with warns(f"kafka2pc.recipes.dual_write.{old}", f"kafka2pc.recipes.dual_write.{new}"):
+        alias = getattr(dual_write, old)
+    assert alias is getattr(dual_write, new) and old not in dual_write.__all__
+    table = alias(sa.MetaData())
+    assert isinstance(table, sa.Table)
+
+
 def test_every_alias_has_a_test() -> None:
     assert {(where, old) for where, old, _ in RENAMED_ARGUMENTS} == TESTED

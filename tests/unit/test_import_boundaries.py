@@ -158,7 +158,7 @@ def test_the_check_catches_private_imports(source: str, expected: str) -> None:
     [
         "from kafka2pc import TransactionAdmin, PreparedTxnState",
         "from kafka2pc.aio import AsyncTransactionAdmin",
-        "from kafka2pc.recipes.dual_write import state_table, store_for",
+        "from kafka2pc.recipes.dual_write import define_state_table, store_for",
         "from kafka2pc.cli._errors import ExitCode",
         "from kafka2pc._extras import missing_extra",
         "from kafka2pc._deprecation import seconds_from_ms",
