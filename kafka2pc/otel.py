@@ -121,6 +121,9 @@ class _SinkLike(Protocol):
     def last_batch_metrics(self) -> Any: ...
     def __call__(self, df: DataFrame, batch_id: int) -> None: ...
 
+
+_S = TypeVar("_S", bound="_SinkLike")
+
 __all__ = ["SCOPE", "Telemetry", "instrument_dual_writer", "instrument_producer", "instrument_spark_sink"]
 
 SCOPE = "kafka2pc"
@@ -385,26 +388,37 @@ class Telemetry:
                     counter.add(delta, track.attributes)
 
     # -- the Spark sink ------------------------------------------------------------------
-    def instrument_spark_sink(self, sink: _SinkLike) -> Callable[[DataFrame, int], None]:
-        """The ``foreachBatch`` function: runs ``sink`` and records each batch's metrics and spans."""
+    def instrument_spark_sink(self, sink: _S) -> _S:
+        """Record each batch ``sink`` writes (metrics and spans); returns the same sink, instrumented.
+
+        As :meth:`instrument_producer` and :meth:`instrument_dual_writer`,
+        the object is instrumented in place: pass it to ``foreachBatch`` as
+        before (``query.foreachBatch(telemetry.instrument_spark_sink(sink))``).
+        """
         track = _SinkTrack(sink)
         with self._lock:
             self._sinks.append(track)
+        write_batch = type(sink).__call__
 
-        def foreach_batch(df: DataFrame, batch_id: int) -> None:
+        def instrumented_call(this: _S, df: DataFrame, batch_id: int) -> None:
             with self._tracer.start_as_current_span("kafka2pc.spark.batch") as batch_span:
                 batch_span.set_attribute("kafka2pc.batch_id", int(batch_id))
                 track.open_since = time.monotonic()
                 try:
-                    sink(df, batch_id)
+                    write_batch(this, df, batch_id)
                 finally:
                     track.open_since = None
-                batch = sink.last_batch_metrics
+                batch = this.last_batch_metrics
                 if batch is not None and batch.batch_id == int(batch_id):
                     self._record_batch(track, batch)
 
-        foreach_batch.sink = sink  # type: ignore[attr-defined]
-        return foreach_batch
+        # ``sink(df, batch_id)`` looks ``__call__`` up on the class: give this one object a
+        # subclass whose ``__call__`` records the batch (the sink's state and methods unchanged).
+        sink.__class__ = type(type(sink).__name__, (type(sink),), {
+            "__call__": instrumented_call, "__module__": type(sink).__module__,
+            "__qualname__": type(sink).__qualname__,
+        })
+        return sink
 
     def _record_batch(self, track: _SinkTrack, batch: Any) -> None:
         attrs = track.attributes
@@ -517,6 +531,6 @@ def instrument_dual_writer(writer: _W) -> _W:
     return _global().instrument_dual_writer(writer)
 
 
-def instrument_spark_sink(sink: _SinkLike) -> Callable[[DataFrame, int], None]:
+def instrument_spark_sink(sink: _S) -> _S:
     """:meth:`Telemetry.instrument_spark_sink` with OpenTelemetry's global providers."""
     return _global().instrument_spark_sink(sink)

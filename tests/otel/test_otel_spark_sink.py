@@ -28,6 +28,7 @@ def test_spark_batches_become_counters_histograms_and_spans(
     sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, sink_id=sink_id,
                              checkpoint_location=str(tmp_path / "chk"))
     foreach_batch = otel.telemetry.instrument_spark_sink(sink)
+    assert foreach_batch is sink and isinstance(sink, KafkaTwoPhaseSink)  # instrumented in place, as a writer
     df = spark.range(0, 300, numPartitions=3).selectExpr("CAST(id AS STRING) AS value")
     foreach_batch(df, 0)
     foreach_batch(df, 0)  # a replay: completed, not written again
