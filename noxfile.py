@@ -12,6 +12,9 @@ pass through):
   in the full suite);
 - packaging: sdist -> wheel -> a clean virtualenv on that Python, no extras.
 
+SQLAlchemy is pinned per Python so that both supported lines are tested on purpose:
+2.0.x on 3.10, 2.1.x on 3.13 (the full suite takes the newest, 2.1.x).
+
 The full suite runs on one Python (``./scripts/test.sh``).  Interpreters are
 taken from ``$PATH`` or, when missing there, from pyenv (``~/.pyenv/versions``).
 Extra arguments go to pytest: ``nox -s tests-3.13 -- -x -k crash``.
@@ -41,6 +44,9 @@ OTHER_BROKER_LINES = [  # what differs between broker lines is the broker, not t
     for line in ("previous", "legacy")
 ]
 
+SQLALCHEMY_LINES = {"3.10": "2.0", "3.13": "2.1"}
+"""The SQLAlchemy line each Python tests (the others take whatever pip resolves, today 2.1)."""
+
 nox.options.sessions = ["tests", "docs"]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
@@ -65,6 +71,12 @@ _add_pyenv_interpreters()
 def tests(session: nox.Session) -> None:
     """Unit tests plus the core, recipe and packaging integration subset on this Python."""
     session.install("-e", ".[test]")
+    line = SQLALCHEMY_LINES.get(str(session.python))
+    if line is not None:
+        major, minor = line.split(".")
+        session.install(f"sqlalchemy[asyncio]>={line},<{major}.{int(minor) + 1}")
+        session.run("python", "-c", f"import sqlalchemy as sa; v = sa.__version__; print('SQLAlchemy', v); "
+                    f"assert v.startswith('{line}.'), v")
     deselect = [arg for test in OTHER_BROKER_LINES for arg in ("--deselect", test)]
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *deselect, "tests/unit", *INTEGRATION_SUBSET,
                 *session.posargs)

@@ -99,7 +99,7 @@ def render() -> str:
 
 def main() -> int:
     PAGE.write_text(render())
-    print(f"wrote {PAGE.relative_to(ROOT)}")
+    sys.stdout.write(f"wrote {PAGE.relative_to(ROOT)}\n")
     return 0
 
 
