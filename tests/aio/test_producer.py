@@ -94,13 +94,17 @@ def test_calls_run_on_the_producers_own_thread_and_delivery_futures_on_the_loop(
             message = await asyncio.wait_for(delivered, 30)  # served by the idle poll, before prepare
             assert (message.topic(), message.partition(), message.offset()) == (topic, 0, 0)
             assert (message.key(), message.value()) == (b"k", b"one")
+            # produce_and_wait: one await, the delivered message (aiokafka's send_and_wait)
+            second = await p.produce_and_wait(topic, value=b"two", partition=0, timestamp=1_700_000_000_000)
+            assert (second.partition(), second.offset(), second.value()) == (0, 1, b"two")
+            assert second.timestamp()[1] == 1_700_000_000_000
             state = await p.prepare_transaction(30)
             assert state.anchor == (TopicAndPartition(topic, 0), 0)
             await p.commit_transaction(30)
         assert threads == {loop_thread}
 
     run(main())
-    assert [r.value for r in drain(kafka_bootstrap, topic)] == [b"one"]
+    assert [r.value for r in drain(kafka_bootstrap, topic)] == [b"one", b"two"]
 
 
 def test_a_cancelled_prepare_completes_and_the_next_call_sees_its_state(

@@ -278,15 +278,20 @@ def test_a_configured_on_delivery_sees_every_record_sent_without_its_own(
         producer.produce(topic, value=b"a")
         assert producer.produce_batch(topic, [b"b", b"c"]) == 2
         producer.produce(topic, value=b"d", on_delivery=lambda err, msg: own.append(msg.offset()))
+        # confluent-kafka's positional order (value, key, partition, on_delivery, timestamp, headers),
+        # and ``callback``, its other name for on_delivery
+        producer.produce(topic, b"e", b"k", 0, lambda err, msg: own.append(msg.offset()), 1_700_000_000_000,
+                         [("h", b"v")])
+        producer.produce(topic, value=b"f", headers={"h": b"w"}, callback=lambda err, msg: own.append(msg.offset()))
         state = producer.prepare_transaction(30)
         producer.commit_transaction(30)
     assert state.anchor is not None and state.anchor[1] == 0
     if reports == "all":
         assert default == [(True, 0), (True, 1), (True, 2)]
-        assert own == [3]
+        assert own == [3, 4, 5]
     else:
         assert default == [] and own == []
-    assert [r.value for r in drain(kafka_bootstrap, topic)] == [b"a", b"b", b"c", b"d"]
+    assert [r.value for r in drain(kafka_bootstrap, topic)] == [b"a", b"b", b"c", b"d", b"e", b"f"]
 
 
 def test_a_configured_on_delivery_sees_failed_records_and_the_prepare_fails(
