@@ -79,7 +79,7 @@ def serve(
     if result.stored_state.is_empty and settlement.plan.coordinator is None:
         say(pid, "recovery: first start, nothing to settle")
     else:
-        decision = settlement.plan.decision.value
+        decision = result.decision.value
         say(pid, f"recovery: the database committed Kafka state {result.stored_state}; Kafka's open transaction "
                  f"{'is exactly that one' if decision == 'commit' else 'is not that one'} -> {decision}; "
                  f"the stored transaction is now {settlement.outcome.value}")
