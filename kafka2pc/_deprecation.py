@@ -10,8 +10,11 @@ functions) warn on access through the module's ``__getattr__``.
 from __future__ import annotations
 
 import warnings
+from typing import TypeVar
 
-__all__ = ["RENAMED_ARGUMENTS", "REMOVAL", "renamed", "seconds_from_ms"]
+_T = TypeVar("_T")
+
+__all__ = ["RENAMED_ARGUMENTS", "REMOVAL", "renamed", "renamed_argument", "seconds_from_ms"]
 
 REMOVAL = "kafka2pc 1.1"
 """The release that removes the deprecated names."""
@@ -42,6 +45,14 @@ def renamed(old: str, new: str, *, stacklevel: int = 3) -> None:
     warnings.warn(
         f"{old} is deprecated and will be removed in {REMOVAL}: use {new}", DeprecationWarning, stacklevel=stacklevel
     )
+
+
+def renamed_argument(where: str, old: str, old_value: _T | None, new: str, new_value: _T, *, stacklevel: int = 4) -> _T:
+    """``new_value``, or the value given under the deprecated name ``old`` (which warns)."""
+    if old_value is None:
+        return new_value
+    renamed(f"{where}({old}=...)", f"{new}=", stacklevel=stacklevel)
+    return old_value
 
 
 def seconds_from_ms(

@@ -28,7 +28,7 @@ from kafka2pc import (
     TxnState,
     UsageError,
 )
-from kafka2pc._deprecation import renamed
+from kafka2pc._deprecation import renamed_argument
 from kafka2pc._errors import translate_confluent_error  # the one place confluent-kafka errors are mapped
 from kafka2pc._producer import Headers
 from kafka2pc.aio._worker import SerialWorker
@@ -99,12 +99,11 @@ class AsyncTwoPhaseCommitProducer:
         ``delivery_poll_interval`` and ``queue_full_timeout`` are their
         deprecated 0.1 names.
         """
-        if delivery_poll_interval is not None:
-            renamed("AsyncTwoPhaseCommitProducer(delivery_poll_interval=...)", "delivery_poll_interval_s=")
-            delivery_poll_interval_s = delivery_poll_interval
-        if queue_full_timeout is not None:
-            renamed("AsyncTwoPhaseCommitProducer(queue_full_timeout=...)", "queue_full_timeout_s=")
-            queue_full_timeout_s = queue_full_timeout
+        where = "AsyncTwoPhaseCommitProducer"
+        delivery_poll_interval_s = renamed_argument(where, "delivery_poll_interval", delivery_poll_interval,
+                                                    "delivery_poll_interval_s", delivery_poll_interval_s)
+        queue_full_timeout_s = renamed_argument(where, "queue_full_timeout", queue_full_timeout,
+                                                "queue_full_timeout_s", queue_full_timeout_s)
         if delivery_poll_interval_s <= 0:
             raise UsageError("delivery_poll_interval_s must be positive")
         if queue_full_timeout_s < 0:

@@ -7,7 +7,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from kafka2pc._deprecation import renamed
+from kafka2pc._deprecation import renamed_argument
 
 __all__ = ["LoopStallMonitor", "StallReport"]
 
@@ -98,12 +98,8 @@ class LoopStallMonitor:
         interval: float | None = None,
         threshold: float | None = None,
     ) -> None:
-        if interval is not None:
-            renamed("LoopStallMonitor(interval=...)", "interval_s=")
-            interval_s = interval
-        if threshold is not None:
-            renamed("LoopStallMonitor(threshold=...)", "threshold_s=")
-            threshold_s = threshold
+        interval_s = renamed_argument("LoopStallMonitor", "interval", interval, "interval_s", interval_s)
+        threshold_s = renamed_argument("LoopStallMonitor", "threshold", threshold, "threshold_s", threshold_s)
         self.interval_s = interval_s
         """Seconds the ticker sleeps between ticks."""
         self.report = StallReport()
