@@ -16,6 +16,7 @@ measured time-to-error.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -38,6 +39,7 @@ from kafka2pc import (
     TransactionOutcome,
     TwoPhaseCommitProducer,
 )
+from kafka2pc.aio import AsyncTransactionAdmin
 from kafka2pc._control import DEFAULT_TIMEOUT_S, ControlPlane
 from kafka2pc._types import TopicPartition
 from kafka2pc.testing import create_topic
@@ -246,9 +248,15 @@ def test_unanswering_broker_bounds_every_admin_call(private_kafka: LocalKafka) -
     try:
         with TransactionAdmin({"bootstrap.servers": bootstrap}) as admin:
             assert admin.describe_transaction(txid) is not None  # connected, coordinator known
+            async_admin = AsyncTransactionAdmin({"bootstrap.servers": bootstrap})
+            assert asyncio.run(async_admin.describe_transaction(txid)) is not None
             with frozen(private_kafka):
                 bounded(3.0, lambda: admin.describe_transaction(txid, timeout=3), BrokerUnavailableError)
                 bounded(3.0, lambda: admin.list_transactions(timeout=3), BrokerUnavailableError)
+                # the asyncio admin's per-call timeout bounds its calls the same way
+                bounded(3.0, lambda: asyncio.run(async_admin.describe_transaction(txid, timeout=3)),
+                        BrokerUnavailableError)
+                bounded(3.0, lambda: asyncio.run(async_admin.list_transactions(timeout=3)), BrokerUnavailableError)
                 bounded(3.0, lambda: admin.transaction_outcome(txid, state, timeout=3), BrokerUnavailableError)
                 bounded(3.0, lambda: admin.complete_transaction(txid, state, timeout=3),
                         (BrokerUnavailableError, IndefiniteOutcomeError))
@@ -256,6 +264,7 @@ def test_unanswering_broker_bounds_every_admin_call(private_kafka: LocalKafka) -
             # Nothing was harmed: once the broker answers again, recovery settles the prepared transaction.
             settlement = admin.complete_transaction(txid, state, timeout=60)
             assert settlement.outcome is TransactionOutcome.COMMITTED, settlement
+            asyncio.run(async_admin.close())
     finally:
         producer.close(5)
 
