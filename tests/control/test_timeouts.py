@@ -39,9 +39,9 @@ from kafka2pc import (
     TransactionOutcome,
     TwoPhaseCommitProducer,
 )
-from kafka2pc.aio import AsyncTransactionAdmin
 from kafka2pc._control import DEFAULT_TIMEOUT_S, ControlPlane
 from kafka2pc._types import TopicPartition
+from kafka2pc.aio import AsyncTransactionAdmin
 from kafka2pc.testing import create_topic
 from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
 
