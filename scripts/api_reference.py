@@ -15,7 +15,9 @@ from __future__ import annotations
 import enum
 import importlib
 import inspect
+import re
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +69,16 @@ def first_line(obj: Any) -> str:
     return line.replace("|", "\\|")
 
 
+def is_type_alias(obj: Any) -> bool:
+    """``Callable[...]``, ``Literal[...]``, ``A | B``: shown as their definition (on every Python)."""
+    return hasattr(obj, "__origin__") or isinstance(obj, types.UnionType)
+
+
 def describe(module_name: str, name: str, obj: Any) -> str:
     qualified = f"{module_name}.{name}"
+    if is_type_alias(obj):
+        text = re.sub(r"\b(?:[a-z_]\w*\.)+(?=[A-Za-z_]\w*)", "", str(obj))  # no module paths
+        return f"- `{name} = {text}`"
     if inspect.isclass(obj):
         if issubclass(obj, BaseException):
             bases = ", ".join(b.__name__ for b in obj.__bases__)
@@ -80,8 +90,7 @@ def describe(module_name: str, name: str, obj: Any) -> str:
         return f"- `{name}{init_sig}`: {first_line(obj)}"
     if inspect.isfunction(obj):
         return f"- `{name}{signature(obj, qualified)}`: {first_line(obj)}"
-    text = repr(obj) if isinstance(obj, (str, int, float)) else str(obj).replace("typing.", "")
-    return f"- `{name} = {text}`"
+    return f"- `{name} = {obj!r}`"
 
 
 def render() -> str:
