@@ -24,8 +24,8 @@ import argparse
 import json
 import logging
 import os
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys
