@@ -51,8 +51,8 @@ def pages() -> list[Path]:
             and str(p.relative_to(ROOT)) not in EXEMPT]
 
 
-def prose_lines(text: str) -> list[tuple[int, str]]:
-    """(line number, text) of every line outside fenced code blocks, HTML comments and code spans."""
+def outside_code(text: str) -> list[tuple[int, str]]:
+    """(line number, text) of every line outside fenced code blocks and HTML comments."""
     text = COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), text)
     lines: list[tuple[int, str]] = []
     fence: str | None = None
@@ -60,29 +60,22 @@ def prose_lines(text: str) -> list[tuple[int, str]]:
         m = FENCE.match(line)
         if fence is None and m:
             fence = m.group(1)[0] * len(m.group(1))
-            continue
-        if fence is not None:
-            if line.strip().startswith(fence) and not line.strip().strip(fence[0]):
-                fence = None
-            continue
-        lines.append((number, CODE_SPAN.sub(" code ", line)))
-    return lines
-
-
-def words(text: str) -> int:
-    """Whitespace-separated tokens outside fenced code blocks and HTML comments."""
-    text = COMMENT.sub(" ", text)
-    count, fence = 0, None
-    for line in text.splitlines():
-        m = FENCE.match(line)
-        if fence is None and m:
-            fence = m.group(1)[0] * len(m.group(1))
         elif fence is not None:
             if line.strip().startswith(fence) and not line.strip().strip(fence[0]):
                 fence = None
         else:
-            count += len(line.split())
-    return count
+            lines.append((number, line))
+    return lines
+
+
+def prose_lines(text: str) -> list[tuple[int, str]]:
+    """The lines outside code, with code spans blanked out: what the history rules search."""
+    return [(number, CODE_SPAN.sub(" code ", line)) for number, line in outside_code(text)]
+
+
+def words(text: str) -> int:
+    """Whitespace-separated tokens outside fenced code blocks and HTML comments."""
+    return sum(len(line.split()) for _, line in outside_code(text))
 
 
 def problems_of(page: Path, root: Path = ROOT) -> list[str]:
