@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COORDINATOR_STATES",
+    "DEFAULT_STATE_TABLE",
     "DEFAULT_TIMEOUT_S",
     "META",
     "Settings",
@@ -44,6 +45,8 @@ __all__ = [
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 DEFAULT_TIMEOUT_S = 15.0
+DEFAULT_STATE_TABLE = "kafka_transaction_state"
+"""The dual write's state table (``kafka2pc.recipes.dual_write``'s default name)."""
 COORDINATOR_STATES = (
     "Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort", "Dead",
     "PrepareEpochFence",

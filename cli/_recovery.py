@@ -10,8 +10,16 @@ import click
 
 from ._errors import ExitCode
 from ._group import cli
-from ._options import configure_logging, connection_options, current_settings, open_admin, output_option
+from ._options import (
+    DEFAULT_STATE_TABLE,
+    configure_logging,
+    connection_options,
+    current_settings,
+    open_admin,
+    output_option,
+)
 from ._render import JSON_VERSION, dump_json, format_duration, open_for_ms, render_table
+from ._stats import dump_json_line, watch, watch_options
 
 if TYPE_CHECKING:
     from kafka2pc import TransactionDescription
@@ -29,7 +37,7 @@ def _db_options(func: _F) -> _F:
         help="Only this transactional id's row (repeatable); a named id without a row is an error.",
     )(func)
     func = click.option(
-        "--table", default="kafka_transaction_state", show_default=True, metavar="NAME",
+        "--table", default=DEFAULT_STATE_TABLE, show_default=True, metavar="NAME",
         help="The recipe's state table (schema.table allowed).",
     )(func)
     return click.option(
@@ -221,9 +229,12 @@ def _report_text(document: dict[str, Any], *, settled: bool) -> str:
 
 @cli.command("in-doubt")
 @_db_options
+@watch_options
 @output_option
 @connection_options(group=False)
-def in_doubt_command(db_url: str, table: str, transactional_ids: tuple[str, ...], output: str) -> None:
+def in_doubt_command(
+    db_url: str, table: str, transactional_ids: tuple[str, ...], watch_s: float | None, count: int | None, output: str
+) -> None:
     """What is prepared, for how long, and what recovery would decide, per stored state of the dual write.
 
     Joins the state table with the coordinator's view: per transactional id
@@ -231,12 +242,22 @@ def in_doubt_command(db_url: str, table: str, transactional_ids: tuple[str, ...]
     its Kafka state, how long the open transaction has been open, and the
     decision (commit, abort, nothing; HEURISTIC when Kafka aborted a
     transaction the database committed).  Changes nothing.  Exit code 3 if a
-    heuristic outcome is found.
+    heuristic outcome is found (in the last refresh, with --watch).
     """
-    document, code = _report(
-        settle=False, dry_run=False, db_url=db_url, table=table, transactional_ids=transactional_ids
-    )
-    click.echo(dump_json(document) if output == "json" else _report_text(document, settled=False))
+    codes = []
+
+    def show() -> None:
+        document, code = _report(
+            settle=False, dry_run=False, db_url=db_url, table=table, transactional_ids=transactional_ids
+        )
+        codes.append(code)
+        if output == "json":
+            click.echo(dump_json(document) if watch_s is None else dump_json_line(document))
+        else:
+            click.echo(_report_text(document, settled=False))
+
+    watch(watch_s, count, show)
+    code = codes[-1] if codes else ExitCode.OK
     if code is not ExitCode.OK:
         click.get_current_context().exit(int(code))
 

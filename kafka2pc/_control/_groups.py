@@ -59,7 +59,8 @@ def java_string_hash(text: str) -> int:
 
 def offsets_partition(group_id: str, partition_count: int) -> int:
     """The ``__consumer_offsets`` partition of ``group_id`` (Kafka's ``Utils.abs(hashCode) % count``)."""
-    return (java_string_hash(group_id) & 0x7FFFFFFF) % partition_count
+    code = java_string_hash(group_id)
+    return (0 if code == -(1 << 31) else abs(code)) % partition_count
 
 
 def consumer_offsets_partition_count(session: Session, *, timeout: float | None = None) -> int:
