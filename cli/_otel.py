@@ -57,7 +57,7 @@ class ClusterGauges:
         self._collect = collect
         self._lock = threading.Lock()
         self._doc: dict[str, Any] | None = None
-        self._taken = 0.0
+        self._taken: float | None = None
         self.failures = 0
         meter = metrics.get_meter(SCOPE, __version__, meter_provider=meter_provider)
         meter.create_observable_gauge(
@@ -79,7 +79,7 @@ class ClusterGauges:
 
     def _document(self) -> dict[str, Any] | None:
         with self._lock:
-            if self._doc is None or time.monotonic() - self._taken > 1.0:
+            if self._taken is None or time.monotonic() - self._taken > 1.0:  # one attempt per collection
                 try:
                     self._doc = self._collect()
                 except Exception as exc:  # noqa: BLE001  (a failed collection is no points, not a dead exporter)

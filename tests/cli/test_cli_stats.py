@@ -87,7 +87,8 @@ def situations(
     group, offsets_tid = f"consume-to-db-{u}", f"offsets-{u}"
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     _commit_when_the_group_coordinator_is_ready(consumer, KafkaTopicPartition(topic, 0, 1))
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": offsets_tid})
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": offsets_tid,
+                         "transaction.timeout.ms": 900_000})  # open for the whole module, however slow
     producer.init_transactions(30)
     producer.begin_transaction()
     producer.send_offsets_to_transaction(
