@@ -30,6 +30,8 @@ from typing import Any
 
 from kafka2pc import __version__, missing_extra
 
+from ._stats import repeat
+
 try:
     from opentelemetry import metrics
     from opentelemetry.metrics import CallbackOptions, Observation
@@ -60,22 +62,17 @@ class ClusterGauges:
         self._taken: float | None = None
         self.failures = 0
         meter = metrics.get_meter(SCOPE, __version__, meter_provider=meter_provider)
-        meter.create_observable_gauge(
-            "kafka2pc.cluster.partitions.held_back", callbacks=[self._partitions], unit="{partition}",
-            description="Partitions whose last stable offset an open transaction holds below the high watermark",
-        )
-        meter.create_observable_gauge(
-            "kafka2pc.cluster.records.held_back", callbacks=[self._records], unit="{record}",
-            description="Records held back from read_committed consumers, per transactional-id prefix",
-        )
-        meter.create_observable_gauge(
-            "kafka2pc.cluster.transaction.oldest_open.age", callbacks=[self._oldest], unit="s",
-            description="Age of the oldest open transaction, per transactional-id prefix",
-        )
-        meter.create_observable_gauge(
-            "kafka2pc.cluster.consumer_groups.pending_offsets", callbacks=[self._pending], unit="{group}",
-            description="Consumer groups whose offsets are pending in an open transaction",
-        )
+        for name, callback, unit, description in (
+            ("partitions.held_back", self._partitions, "{partition}",
+             "Partitions whose last stable offset an open transaction holds below the high watermark"),
+            ("records.held_back", self._records, "{record}",
+             "Records held back from read_committed consumers, per transactional-id prefix"),
+            ("transaction.oldest_open.age", self._oldest, "s",
+             "Age of the oldest open transaction, per transactional-id prefix"),
+            ("consumer_groups.pending_offsets", self._pending, "{group}",
+             "Consumer groups whose offsets are pending in an open transaction"),
+        ):
+            meter.create_observable_gauge(f"{SCOPE}.{name}", callbacks=[callback], unit=unit, description=description)
 
     def _document(self) -> dict[str, Any] | None:
         with self._lock:
@@ -133,14 +130,7 @@ def run_exporter(
     reader = PeriodicExportingMetricReader(exporter, export_interval_millis=10**9)  # exported below, by hand
     provider = MeterProvider(metric_readers=[reader])
     ClusterGauges(collect, meter_provider=provider)
-    done = 0
     try:
-        while count is None or done < count:
-            if done:
-                time.sleep(every_s)
-            reader.collect()
-            done += 1
-    except KeyboardInterrupt:
-        pass
+        repeat(every_s, count, reader.collect)
     finally:
         provider.shutdown()

@@ -33,7 +33,7 @@ from ._render import JSON_VERSION, dump_json, format_duration, render_table
 if TYPE_CHECKING:
     from kafka2pc import TransactionAdmin, TransactionInfo
 
-__all__ = ["collect_stats", "id_prefix", "pending_offsets_json", "stats_text", "watch"]
+__all__ = ["collect_stats", "id_prefix", "pending_offsets_json", "repeat", "stats_text", "watch", "watch_options"]
 
 _NUMBERED = re.compile(r"[-_.]\d+$")
 
@@ -187,21 +187,30 @@ def stats_text(doc: dict[str, Any]) -> str:
     return "\n".join(sections)
 
 
+def repeat(every_s: float, count: int | None, step: Callable[[], None]) -> None:
+    """Call ``step()`` now, then every ``every_s`` seconds, ``count`` times in all (``None``: until Ctrl-C)."""
+    done = 0
+    try:
+        while count is None or done < count:
+            if done:
+                time.sleep(every_s)
+            step()
+            done += 1
+    except KeyboardInterrupt:
+        click.echo()
+
+
 def watch(every_s: float | None, count: int | None, show: Callable[[], None]) -> None:
-    """Call ``show()`` once, or (``every_s``) every ``every_s`` seconds, ``count`` times or until Ctrl-C."""
+    """Call ``show()`` once, or (``every_s``) on a cleared screen every ``every_s`` seconds (:func:`repeat`)."""
     if every_s is None:
         show()
         return
-    shown = 0
-    try:
-        while count is None or shown < count:
-            if shown:
-                time.sleep(every_s)
-            click.clear()
-            show()
-            shown += 1
-    except KeyboardInterrupt:
-        click.echo()
+
+    def refresh() -> None:
+        click.clear()
+        show()
+
+    repeat(every_s, count, refresh)
 
 
 def watch_options(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -179,6 +179,13 @@ def test_pending_offsets_and_in_doubt_watch(situations: Situations) -> None:
     table = s.cli("pending-offsets")
     assert s.group in table.stdout and s.offsets_tid in table.stdout, table
 
+    exported = s.cli("stats", "--otel", "--watch", "0.2", "--count", "1")  # the console exporter: JSON on stdout
+    assert exported.returncode == 0, exported
+    for gauge in ("partitions.held_back", "records.held_back", "transaction.oldest_open.age",
+                  "consumer_groups.pending_offsets"):
+        assert f'"kafka2pc.cluster.{gauge}"' in exported.stdout, exported
+    assert f'"kafka2pc.prefix": "k2pc-spark-{s.u}"' in exported.stdout, exported
+
     watched = s.cli("in-doubt", "--db-url", s.db_url, "--watch", "0.2", "--count", "2", "-o", "json")
     assert watched.returncode == 0, watched
     docs = [json.loads(line) for line in watched.stdout.strip().splitlines()]
