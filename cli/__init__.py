@@ -19,8 +19,10 @@ tracebacks and library logs.
 One module per group of commands: :mod:`._transactions` (list, describe,
 complete, force-terminate), :mod:`._partitions` (describe-producers,
 find-hanging, abort), :mod:`._recovery` (in-doubt, recover) and
-:mod:`._stats` (stats, pending-offsets); :mod:`._options` holds what they
-share.
+:mod:`._stats` (stats, pending-offsets, ``--watch``); the policy for stuck
+transactions is :mod:`._stuck` (``find-hanging --older-than``), the
+OpenTelemetry exporter :mod:`._otel` (``stats --otel``); :mod:`._options`
+holds what the commands share, :mod:`._probe` the fast unreachable check.
 """
 
 from __future__ import annotations

@@ -77,7 +77,9 @@ def test_command_config_sasl_plain(
     sasl_bootstrap: str, tmp_path: Path, run_kafka2pc: Callable[..., Any]
 ) -> None:
     def run(config: str, *args: str) -> Any:
-        return run_kafka2pc("--bootstrap-server", sasl_bootstrap, "--command-config", config, "--timeout", "5", *args)
+        # --timeout bounds each Kafka call: the first transactional call on this fresh broker waits for
+        # __transaction_state to be created (seconds on a loaded machine).
+        return run_kafka2pc("--bootstrap-server", sasl_bootstrap, "--command-config", config, "--timeout", "15", *args)
 
     admin = properties(tmp_path, "admin", "admin-secret", mechanism=False)  # PLAIN inferred from the module
     listed = run(admin, "list", "-o", "json")

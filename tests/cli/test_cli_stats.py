@@ -20,6 +20,7 @@ view (LSO == HW).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -34,6 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from kafka2pc import TopicPartition, TransactionAdmin
+from kafka2pc.aio import AsyncTransactionAdmin
 from kafka2pc.cli._errors import ExitCode
 from kafka2pc.testing import create_topic, drain
 from kafka2pc.testing.broker import LocalKafka
@@ -178,6 +180,16 @@ def test_pending_offsets_and_in_doubt_watch(situations: Situations) -> None:
     assert [g["held_by"] for g in run.json()["groups"] if g["group_id"] == s.group] == [[s.offsets_tid]]
     table = s.cli("pending-offsets")
     assert s.group in table.stdout and s.offsets_tid in table.stdout, table
+
+    async def through_the_async_admin() -> tuple[dict[str, list[TopicPartition]], TopicPartition]:
+        async with AsyncTransactionAdmin({"bootstrap.servers": s.bootstrap}) as admin:
+            return await admin.pending_offset_groups(), await admin.consumer_offsets_partition(s.group)
+
+    pending, offsets_tp = asyncio.run(through_the_async_admin())
+    assert pending[s.group] == [TopicPartition(s.topic, 0)]
+    with TransactionAdmin({"bootstrap.servers": s.bootstrap}) as sync_admin:
+        holder = sync_admin.describe_transaction(s.offsets_tid)
+        assert holder is not None and offsets_tp in holder.description.partitions  # what the broker chose
 
     exported = s.cli("stats", "--otel", "--watch", "0.2", "--count", "1")  # the console exporter: JSON on stdout
     assert exported.returncode == 0, exported
