@@ -131,10 +131,10 @@ def collect_stats(admin: TransactionAdmin, *, now_ms: int | None = None) -> dict
     }
 
 
-def _pending_rows(groups: list[dict[str, Any]]) -> list[list[object]]:
+def _pending_rows(groups: list[dict[str, Any]]) -> list[tuple[object, ...]]:
     return [
-        [g["group_id"], ", ".join(f"{p['topic']}-{p['partition']}" for p in g["partitions"]) or "-",
-         f"__consumer_offsets-{g['offsets_partition']}", ", ".join(g["held_by"]) or "(not found)"]
+        (g["group_id"], ", ".join(f"{p['topic']}-{p['partition']}" for p in g["partitions"]) or "-",
+         f"__consumer_offsets-{g['offsets_partition']}", ", ".join(g["held_by"]) or "(not found)")
         for g in groups
     ]
 
@@ -142,49 +142,35 @@ def _pending_rows(groups: list[dict[str, Any]]) -> list[list[object]]:
 _PENDING_HEADERS = ("GROUP", "PENDING PARTITIONS", "STORED IN", "HELD BY")
 
 
+def _section(title: str, headers: tuple[str, ...], rows: list[tuple[object, ...]], empty: str = "none") -> list[str]:
+    return ["", title, render_table(headers, rows) if rows else empty]
+
+
 def stats_text(doc: dict[str, Any]) -> str:
     """The ``stats`` document as four tables."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(doc["time_ms"] / 1000))
-    sections = [f"kafka2pc stats at {stamp}", "", "COORDINATORS"]
-    if doc["coordinators"]:
-        sections.append(render_table(
-            ("COORDINATOR", "TRANSACTIONS", "OPEN", "BY STATE", "OLDEST OPEN", "OPEN FOR"),
-            [
-                (c["coordinator_id"], c["transactions"], c["open"],
-                 " ".join(f"{state}={n}" for state, n in c["states"].items()),
-                 (c["oldest_open"] or {}).get("transactional_id", "-"),
-                 format_duration((c["oldest_open"] or {}).get("open_for_ms")))
-                for c in doc["coordinators"]
-            ],
-        ))
-    else:
-        sections.append("no transactions")
-    sections += ["", "PARTITIONS HELD BACK (read_committed consumers wait here)"]
-    if doc["partitions"]:
-        sections.append(render_table(
-            ("PARTITION", "LSO", "HW", "HELD BACK", "FOR", "HELD BY", "ALSO OPEN"),
-            [
-                (f"{p['topic']}-{p['partition']}", p["last_stable_offset"], p["high_watermark"], p["held_back"],
-                 format_duration(p["held_back_for_ms"]), p["holding_transactional_id"],
-                 ", ".join(p["transactional_ids"][1:]) or "-")
-                for p in doc["partitions"]
-            ],
-        ))
-    else:
-        sections.append("none")
-    sections += ["", "BY TRANSACTIONAL-ID PREFIX (open transactions)"]
-    if doc["prefixes"]:
-        sections.append(render_table(
-            ("PREFIX", "OPEN", "HELD BACK", "OLDEST OPEN", "OPEN FOR"),
-            [(p["prefix"], p["open"], p["held_back"], p["oldest_transactional_id"],
-              format_duration(p["oldest_open_ms"])) for p in doc["prefixes"]],
-        ))
-    else:
-        sections.append("none")
-    sections += ["", "CONSUMER GROUPS WITH OFFSETS PENDING IN AN OPEN TRANSACTION"]
-    sections.append(render_table(_PENDING_HEADERS, _pending_rows(doc["pending_offsets"]))
-                    if doc["pending_offsets"] else "none")
-    return "\n".join(sections)
+    lines = [f"kafka2pc stats at {stamp}"]
+    lines += _section("COORDINATORS", ("COORDINATOR", "TRANSACTIONS", "OPEN", "BY STATE", "OLDEST OPEN", "OPEN FOR"), [
+        (c["coordinator_id"], c["transactions"], c["open"], " ".join(f"{s}={n}" for s, n in c["states"].items()),
+         (c["oldest_open"] or {}).get("transactional_id", "-"),
+         format_duration((c["oldest_open"] or {}).get("open_for_ms")))
+        for c in doc["coordinators"]
+    ], empty="no transactions")
+    lines += _section(
+        "PARTITIONS HELD BACK (read_committed consumers wait here)",
+        ("PARTITION", "LSO", "HW", "HELD BACK", "FOR", "HELD BY", "ALSO OPEN"),
+        [(f"{p['topic']}-{p['partition']}", p["last_stable_offset"], p["high_watermark"], p["held_back"],
+          format_duration(p["held_back_for_ms"]), p["holding_transactional_id"],
+          ", ".join(p["transactional_ids"][1:]) or "-") for p in doc["partitions"]],
+    )
+    lines += _section(
+        "BY TRANSACTIONAL-ID PREFIX (open transactions)", ("PREFIX", "OPEN", "HELD BACK", "OLDEST OPEN", "OPEN FOR"),
+        [(p["prefix"], p["open"], p["held_back"], p["oldest_transactional_id"], format_duration(p["oldest_open_ms"]))
+         for p in doc["prefixes"]],
+    )
+    lines += _section("CONSUMER GROUPS WITH OFFSETS PENDING IN AN OPEN TRANSACTION", _PENDING_HEADERS,
+                      _pending_rows(doc["pending_offsets"]))
+    return "\n".join(lines)
 
 
 def repeat(every_s: float, count: int | None, step: Callable[[], None]) -> None:
