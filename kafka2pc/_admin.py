@@ -474,6 +474,36 @@ class TransactionAdmin:
             limit = self._ctrl.broker_config(["transaction.max.timeout.ms"]).get("transaction.max.timeout.ms")
         return min(int(limit), LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS) if limit else None
 
+    def pending_offset_groups(self, *, timeout: float | None = None) -> dict[str, list[TopicPartition]]:
+        """Consumer groups whose committed offsets are pending in an open transaction, with those partitions.
+
+        A transaction that sent a group's offsets (``send_offsets_to_transaction``)
+        holds them until it ends; meanwhile ``OffsetFetch`` with
+        ``require_stable`` answers ``UNSTABLE_OFFSET_COMMIT`` and a consumer
+        (re)starting in the group waits.  The transaction holding a group's
+        offsets lists :meth:`consumer_offsets_partition` of the group among its
+        partitions.  Only partitions that also have a committed offset are
+        reported (as the group coordinator does).  ``timeout`` bounds the whole call.
+        """
+        from kafka2pc._control._groups import pending_offset_groups
+
+        with self._ctrl.deadline(timeout):
+            return pending_offset_groups(self._ctrl)
+
+    def consumer_offsets_partition(self, group_id: str, *, timeout: float | None = None) -> TopicPartition:
+        """The ``__consumer_offsets`` partition that stores ``group_id``'s offsets (as the broker picks it)."""
+        from kafka2pc._control._groups import (
+            CONSUMER_OFFSETS_TOPIC,
+            consumer_offsets_partition_count,
+            offsets_partition,
+        )
+
+        with self._ctrl.deadline(timeout):
+            count = consumer_offsets_partition_count(self._ctrl)
+        if count <= 0:
+            raise UsageError(f"{CONSUMER_OFFSETS_TOPIC} does not exist yet: no group has committed offsets")
+        return TopicPartition(CONSUMER_OFFSETS_TOPIC, offsets_partition(group_id, count))
+
     def _info(self, desc: TransactionDescription) -> TransactionInfo:
         now_ms = int(time.time() * 1000)
         is_open = desc.state in _OPEN_STATES

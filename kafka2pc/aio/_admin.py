@@ -179,6 +179,14 @@ class AsyncTransactionAdmin:
         """The largest ``transaction.timeout.ms`` a producer can use here (``None`` if the broker does not say)."""
         return await self._call(self._sync.max_transaction_timeout_ms)
 
+    async def pending_offset_groups(self) -> dict[str, list[TopicPartition]]:
+        """Consumer groups whose committed offsets are pending in an open transaction, with those partitions."""
+        return await self._call(self._sync.pending_offset_groups)
+
+    async def consumer_offsets_partition(self, group_id: str) -> TopicPartition:
+        """The ``__consumer_offsets`` partition that stores ``group_id``'s offsets (as the broker picks it)."""
+        return await self._call(functools.partial(self._sync.consumer_offsets_partition, group_id))
+
     async def close(self) -> None:
         """Close the connections and stop the admin's thread (after the calls already queued)."""
         if self._closed:
