@@ -262,6 +262,13 @@ def _wait_settled(
     return None
 
 
+def _fenced_then_went_on(lines: list[dict[str, Any]], worker: str) -> bool:
+    """``worker``'s stopped transaction failed, and a later one of ``worker`` was acknowledged."""
+    stopped = next((e.get("rid") for e in lines if e.get("fault") == "stop_at" and e["worker"] == worker), None)
+    failed = next((i for i, e in enumerate(lines) if stopped is not None and e.get("id") == stopped), None)
+    return failed is not None and any(e.get("worker") == worker and "ok" in e for e in lines[failed:])
+
+
 def _leases(engine: sa.Engine, prefix: str) -> list[sa.Row[Any]]:
     t = lease_table(sa.MetaData())
     with engine.connect() as conn:
@@ -296,7 +303,9 @@ def test_a_paused_instance_whose_lease_was_taken_is_fenced_and_commits_nothing(
             assert time.monotonic() < deadline, "the other instance did not finish the takeover"
             time.sleep(0.05)
         cluster.procs[name].send_signal(signal.SIGCONT)
-        time.sleep(2.0)  # the zombie finds out, and goes on with other ids
+        while not _fenced_then_went_on(cluster.lines(), name):  # the zombie finds out, and goes on with other ids
+            assert time.monotonic() < deadline + 60, "the continued instance neither failed nor went on"
+            time.sleep(0.05)
         other_rid = f"{prefix}:other"
         items = items_table(sa.MetaData())
         with engine.connect() as conn, other.transaction(conn) as tx:
