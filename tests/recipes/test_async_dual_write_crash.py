@@ -72,6 +72,4 @@ def test_async_recovery_killed_at_every_step_is_finished_by_the_next(
     db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, async_zygote: AsyncZygote, tmp_path: Path,
 ) -> None:
     """The recovery's own steps (locked, claimed, settled) and timed kills inside it, with async children."""
-    matrix.test_kill_during_recovery_then_recover_again(
-        db_kind, request, kafka_bootstrap, async_zygote, tmp_path  # type: ignore[arg-type]
-    )
+    matrix.run_recovery_kills(db_kind, request, kafka_bootstrap, async_zygote, tmp_path)

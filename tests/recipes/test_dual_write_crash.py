@@ -290,6 +290,13 @@ def test_kill_during_recovery_then_recover_again(
     db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygote: Zygote, tmp_path: Path
 ) -> None:
     """A recovery killed at any moment leaves nothing a later recovery cannot finish (idempotence)."""
+    run_recovery_kills(db_kind, request, kafka_bootstrap, zygote, tmp_path)
+
+
+def run_recovery_kills(
+    db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygote: Zygote, tmp_path: Path
+) -> None:
+    """Kill a recovering child at each of ``RECOVERY_KILLS``; the next recovery must finish the job."""
     url = _server_url(request, db_kind) or f"sqlite:///{tmp_path / 'r.db'}"
     engine = _prepare_db(url)
     series = f"recovery-kill-{db_kind}-{uuid.uuid4().hex[:6]}"
