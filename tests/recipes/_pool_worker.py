@@ -28,9 +28,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _dw_crash import items_table  # noqa: E402
+from _dw_crash import items_table  # run as a script: its directory is on sys.path
 
 
 def _append(path: str, record: dict[str, Any]) -> None:
