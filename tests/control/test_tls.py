@@ -31,7 +31,7 @@ from confluent_kafka.admin import (
     ResourcePatternType,
     ResourceType,
 )
-from harness.ports import OTHER_RANGES, is_closed
+from harness.ports import OTHER_RANGES, is_closed, started
 
 from kafka2pc import (
     AuthorizationError,
@@ -42,7 +42,7 @@ from kafka2pc import (
 )
 from kafka2pc._control import ControlPlane
 from kafka2pc.testing import create_topic, drain
-from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
+from kafka2pc.testing.broker import LocalKafka, port_base
 
 PREFIX = "tls-"
 FIRST, END = OTHER_RANGES["control/test_tls broker, 4 ports (searches)"]
@@ -62,17 +62,9 @@ def tls_kafka(pki: Pki) -> Iterator[LocalKafka]:
     )
     if base is None:
         pytest.fail("no free ports for the TLS broker")
-    kafka = tls_broker(pki, base, super_users=[])
-    try:
-        kafka.start()
-    except BrokerError as exc:
-        kafka.wipe()
-        pytest.fail(f"could not start the TLS broker: {exc}", pytrace=False)
-    try:
+    with started(tls_broker(pki, base, super_users=[]), "the TLS broker") as kafka:
         grant_acls(kafka.bootstrap_servers)
         yield kafka
-    finally:
-        kafka.wipe()
 
 
 def _allow(principal: str, resource: ResourceType, name: str, pattern: ResourcePatternType,

@@ -82,11 +82,18 @@ def private_broker(user: str, **kwargs: Any) -> Iterator[LocalKafka]:
     """
     base = port_of(user)
     kafka = LocalKafka(base_port=base, name=f"private-{user.replace('/', '-')}-{base}-{os.getpid()}", **kwargs)
+    with started(kafka, f"the private broker of {user}"):
+        yield kafka
+
+
+@contextmanager
+def started(kafka: LocalKafka, what: str) -> Iterator[LocalKafka]:
+    """Start ``kafka`` (the test fails, clearly, if it cannot), and wipe it afterwards."""
     try:
         kafka.start()
     except BrokerError as exc:
         kafka.wipe()
-        pytest.fail(f"could not start the private broker of {user}: {exc}", pytrace=False)
+        pytest.fail(f"could not start {what}: {exc}", pytrace=False)
     try:
         yield kafka
     finally:
