@@ -162,13 +162,23 @@ def run_cell(cell: Cell, a_zygote: Zygote, b_zygote: Zygote, url: str, bootstrap
     return cell
 
 
-@pytest.fixture
-def zygote_pairs(tmp_path: Path) -> Iterator[list[tuple[Zygote, Zygote]]]:
-    pairs = [(Zygote(tmp_path / f"a-{i}.log"), Zygote(tmp_path / f"b-{i}.log")) for i in range(PAIRS)]
+def _zygote_pairs(tmp_path: Path, n: int) -> Iterator[list[tuple[Zygote, Zygote]]]:
+    pairs = [(Zygote(tmp_path / f"a-{i}.log"), Zygote(tmp_path / f"b-{i}.log")) for i in range(n)]
     yield pairs
     for a, b in pairs:
         a.close()
         b.close()
+
+
+@pytest.fixture
+def zygote_pairs(tmp_path: Path) -> Iterator[list[tuple[Zygote, Zygote]]]:
+    yield from _zygote_pairs(tmp_path, PAIRS)
+
+
+@pytest.fixture
+def sample_pairs(tmp_path: Path) -> Iterator[list[tuple[Zygote, Zygote]]]:
+    """Twice as many pairs for the sample: its runs mostly wait (a stopped writer, a locked state row)."""
+    yield from _zygote_pairs(tmp_path, 2 * PAIRS)
 
 
 def _server_url(request: pytest.FixtureRequest, db: str) -> str:
@@ -242,7 +252,7 @@ def sample_cells(seed: int) -> list[Cell]:
 
 
 def test_sample_of_every_takeover_cell(
-    request: pytest.FixtureRequest, kafka_bootstrap: str, zygote_pairs: list[tuple[Zygote, Zygote]], tmp_path: Path,
+    request: pytest.FixtureRequest, kafka_bootstrap: str, sample_pairs: list[tuple[Zygote, Zygote]], tmp_path: Path,
 ) -> None:
     """The campaign's cells, one run each (seeded by ``KAFKA2PC_TAKEOVER_SEED``)."""
     cells = sample_cells(SAMPLE_SEED)
@@ -250,7 +260,7 @@ def test_sample_of_every_takeover_cell(
     assert {(c.writer_step, c.recovery_step) for c in cells} == {(w, r) for w in WRITER_STEPS for r in RECOVERY_STEPS}
     assert len({(c.db, c.retain, c.a_fate) for c in cells}) == 2 * 2 * len(DATABASES)
     servers = {db: _server_url(request, db) for db in DATABASES if db != "sqlite"}
-    _run(cells, zygote_pairs, servers, kafka_bootstrap, tmp_path)
+    _run(cells, sample_pairs, servers, kafka_bootstrap, tmp_path)
 
 
 @pytest.mark.slow

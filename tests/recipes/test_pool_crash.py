@@ -24,9 +24,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
@@ -55,6 +56,17 @@ def _engine(url: str) -> sa.Engine:
     return engine
 
 
+@pytest.fixture(autouse=True)
+def kill_leftover_instances() -> Iterator[None]:
+    """No worker process outlives its test, even a failed one (it would go on writing and load the machine)."""
+    yield
+    while Cluster.live:
+        for proc in Cluster.live.pop().procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
 @dataclass
 class Cluster:
     """The instances of one test: worker processes sharing a pool prefix, and what they reported."""
@@ -68,6 +80,10 @@ class Cluster:
     threads: int = 2
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     count: int = 0
+    live: ClassVar[list[Cluster]] = []  # killed after each test (see kill_leftover_instances)
+
+    def __post_init__(self) -> None:
+        Cluster.live.append(self)
 
     @property
     def results(self) -> Path:
