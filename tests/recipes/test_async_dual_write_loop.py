@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from _dw_crash import check_consistency, items_table
+from harness.ports import private_broker
 from kafka2pc.recipes.dual_write import state_table
 from kafka2pc.recipes.dual_write.aio import AsyncDualWriter
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
@@ -33,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 from kafka2pc import Kafka2pcError
 from kafka2pc.aio import LoopStallMonitor, StallReport
 from kafka2pc.testing import create_topic
-from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
+from kafka2pc.testing.broker import LocalKafka
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aio"))
 from _aio_helpers import STALL_BOUND_S, STALL_GOAL_S  # noqa: E402
@@ -132,12 +133,8 @@ def test_the_writer_does_not_block_the_loop_under_load(db_url: str, kafka_bootst
 @pytest.fixture
 def private_kafka() -> Iterator[LocalKafka]:
     """A broker of this test's own (stopped and wiped afterwards), in this checkout's port block."""
-    try:
-        kafka = LocalKafka.up(base_port=port_base() + 640, name=f"adw-loop-{port_base()}")
-    except BrokerError as exc:
-        pytest.fail(f"could not start the private broker: {exc}", pytrace=False)
-    yield kafka
-    kafka.wipe()
+    with private_broker("recipes/test_async_dual_write_loop") as kafka:
+        yield kafka
 
 
 def test_the_writer_does_not_block_the_loop_with_the_broker_stopped(pg_url: str, private_kafka: LocalKafka) -> None:
