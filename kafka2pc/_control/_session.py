@@ -291,19 +291,21 @@ class Session:
         return self._run(context, deadline, go)
 
     def _any_broker(self, admin: KafkaAdminClient, refresh: bool, context: str) -> int:
-        """A broker of the cluster's metadata: the one that answered last, or (``refresh``) the next one."""
+        """A broker of the cluster's metadata: the one that answered last, or (``refresh``) another one."""
         brokers = compat.broker_ids(admin)
         if not brokers:
             raise translate_kafka_python_error(
                 kafka_errors.NodeNotReadyError("cluster metadata lists no broker"), context
             )
         current = self._any_node
-        if current not in brokers:
-            self._any_node = brokers[0]
-        elif refresh:
-            self._any_node = next((b for b in brokers if b > current), brokers[0])
-        assert self._any_node is not None
-        return self._any_node
+        if current in brokers and not refresh:
+            return current
+        # kafka-python's pick (connected first, none in reconnect backoff), else the next in turn.
+        chosen = compat.least_loaded_broker(admin)
+        if chosen is None or chosen not in brokers or chosen == current:
+            chosen = brokers[0] if current not in brokers else next((b for b in brokers if b > current), brokers[0])
+        self._any_node = chosen
+        return chosen
 
     async def _coordinator(
         self, admin: KafkaAdminClient, transactional_id: str, refresh: bool, deadline: Deadline

@@ -126,7 +126,8 @@ def test_new_producers_start_while_any_one_broker_is_dead(cluster: LocalKafka) -
                 print(f"\nbroker {node} dead: producer {i} started and committed in {took:.1f}s")
                 assert took <= 30, took  # no call waited out its bound on the dead broker
         finally:
-            cluster.start_node(node)
+            cluster.start_node(node, wait=False)
+            cluster.wait_ready(timeout=300)  # a JVM restarted on a loaded machine
     values = sorted(r.value for r in drain(bootstrap, topic, "read_committed", timeout=60))
     assert values == sorted(f"{n}-{i}".encode() for n in (1, 2, 3) for i in range(2))
     assert end_offsets(bootstrap, topic, "read_committed") == end_offsets(bootstrap, topic, "read_uncommitted")
