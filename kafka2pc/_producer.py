@@ -657,7 +657,16 @@ class TwoPhaseCommitProducer:
         self._end_local(commit=True, timeout=timeout)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
-        """Abort the current transaction (or, when recovering, the one left open)."""
+        """Abort the current transaction (or, when recovering, the one left open).
+
+        Records still in flight are delivered first (within half the
+        ``timeout``), so that the abort cannot race their partitions'
+        registration with the coordinator (librdkafka issue #4849): their
+        delivery reports succeed, and the abort marker hides them from
+        ``read_committed`` consumers.  If librdkafka's abort fails anyway
+        (INVALID_TXN_STATE, fatal), what the coordinator holds open for this
+        producer is aborted there before the error is raised.
+        """
         source = self._machine.check("abort_transaction")
         if source is TxnState.RECOVERING or (source is TxnState.IN_DOUBT and self._producer is None):
             self._settle_open(commit=False, timeout=timeout)
