@@ -227,17 +227,24 @@ class TransactionAdmin:
         coordinator's description from *before* termination, or ``None`` when
         nothing was sent: the id is unknown, or ``only_ongoing=True`` and no
         transaction is in state ``Ongoing`` (one already committing or aborting
-        is left to finish).
+        is left to finish).  Logs a WARNING when an ``Ongoing`` transaction was
+        aborted, an INFO line when there was nothing open to end.
         """
         with self._ctrl.deadline(timeout):
             before = self._ctrl.describe_transaction(transactional_id)
             if before is None or (only_ongoing and before.state != "Ongoing"):
                 return None
             result = self._ctrl.fence(transactional_id, before)
-        logger.warning(
-            "force-terminated %r (was %s, producer %d/%d; now epoch %d)",
-            transactional_id, before.state, before.producer_id, before.producer_epoch, result.producer_epoch,
-        )
+        if before.state == "Ongoing":
+            logger.warning(
+                "force-terminated %r: aborted its open transaction (producer %d/%d; now epoch %d)",
+                transactional_id, before.producer_id, before.producer_epoch, result.producer_epoch,
+            )
+        else:
+            logger.info(
+                "fenced %r: nothing was open (state %s, producer %d/%d; now epoch %d)",
+                transactional_id, before.state, before.producer_id, before.producer_epoch, result.producer_epoch,
+            )
         return before
 
     def transaction_outcome(
