@@ -10,14 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-
+from harness.ports import closed_port
 from kafka2pc.cli._errors import ExitCode
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def one_line_error(run: Any) -> str:

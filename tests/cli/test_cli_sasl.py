@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kafka2pc.cli._errors import ExitCode
+
 from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
 
 PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"

@@ -33,13 +33,12 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
+from kafka2pc.cli._errors import ExitCode
 
 from kafka2pc import TopicPartition, TransactionAdmin
 from kafka2pc.aio import AsyncTransactionAdmin
-from kafka2pc.cli._errors import ExitCode
 from kafka2pc.testing import create_topic, drain
 from kafka2pc.testing.broker import LocalKafka
-
 
 
 @dataclass

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kafka2pc.cli._otel import PREFIX, ClusterGauges
+from kafka2pc.cli._stats import id_prefix
+from kafka2pc.cli._stuck import REFUSED_REASON, decide
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from kafka2pc import TopicPartition, TransactionAdmin, TransactionDescription, TransactionInfo
-from kafka2pc.cli._otel import PREFIX, ClusterGauges
-from kafka2pc.cli._stats import id_prefix
-from kafka2pc.cli._stuck import REFUSED_REASON, decide
 
 
 def test_id_prefix_groups_pool_and_sink_ids() -> None:

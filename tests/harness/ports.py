@@ -29,6 +29,7 @@ PRIVATE_BROKERS: dict[str, int] = {
     "recipes/test_dual_write_broker#3": 440,
     "testing/test_broker_cluster_id": 470,
     "core/test_producer_timeouts": 520,
+    "recipes/test_writer_outage": 560,
     "aio/test_loop_stall": 1000,
     "recipes/test_async_dual_write_loop": 1020,
     "logs/outage": 1040,

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,13 +29,15 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from _dw_crash import check_consistency, items_table
+from harness.brokers import frozen
+from harness.ports import closed_port, private_broker
 from kafka2pc.recipes.dual_write import DualWriter, WriterPool, lease_table, state_table
 from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, AsyncWriterPool
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from kafka2pc import Kafka2pcError
 from kafka2pc.testing import create_topic
-from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
+from kafka2pc.testing.broker import LocalKafka
 
 KAFKA_TIMEOUT_S = 2.0
 ACQUIRE_TIMEOUT_S = 2.0
@@ -139,35 +139,16 @@ class Writers:
 @pytest.fixture(scope="module")
 def outage_kafka() -> Iterator[LocalKafka]:
     """A broker of this module's own (stopped, killed and wiped here), in this checkout's port block."""
-    try:
-        kafka = LocalKafka.up(base_port=port_base() + 680, name=f"outage-{port_base()}")
-    except BrokerError as exc:
-        pytest.fail(f"could not start the private broker: {exc}", pytrace=False)
-    yield kafka
-    kafka.wipe()
-
-
-def closed_port() -> int:
-    """A port of this checkout's block nothing listens on."""
-    import socket
-
-    for port in range(port_base() + 1989, port_base() + 1960, -1):
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) != 0:
-                return port
-    pytest.fail("no closed port in this checkout's block")
+    with private_broker("recipes/test_writer_outage") as kafka:
+        yield kafka
 
 
 @contextlib.contextmanager
 def outage(kafka: LocalKafka, kind: str) -> Iterator[None]:
     """The broker ``stopped`` (SIGSTOP) or ``killed`` (SIGKILL) for the block; restarted after it."""
     if kind == "stopped":
-        pid = kafka.nodes[0].pid
-        os.kill(pid, signal.SIGSTOP)
-        try:
+        with frozen(kafka):
             yield
-        finally:
-            os.kill(pid, signal.SIGCONT)
         return
     kafka.stop(kill=True)
     try:
