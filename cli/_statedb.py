@@ -43,7 +43,7 @@ except ImportError as exc:
 
 from ._errors import CliFailure, ExitCode
 
-__all__ = ["DEFAULT_TABLE", "RowLocks", "StoredState", "masked_url", "read_states"]
+__all__ = ["DEFAULT_TABLE", "RowLocks", "StoredState", "masked_url", "read_ids", "read_states"]
 
 DEFAULT_TABLE = "kafka_transaction_state"
 
@@ -147,6 +147,22 @@ def read_states(db_url: str, table: str = DEFAULT_TABLE, *, timeout_s: float = 1
         )
         for tid, state, updated in rows
     ]
+
+
+def read_ids(db_url: str, table: str, *, timeout_s: float = 15.0) -> set[str]:
+    """The ``transactional_id`` column of ``table`` (e.g. a ``WriterPool``'s lease table)."""
+    url = _engine_url(db_url)
+    schema, _, name = table.rpartition(".")
+    engine = sa.create_engine(url, connect_args=_connect_args(url, timeout_s), poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            if not sa.inspect(conn).has_table(name, schema=schema or None):
+                shown = url.render_as_string(hide_password=True)
+                raise CliFailure(f"database error: table {table!r} not found in {shown}", ExitCode.DATABASE)
+            ids = sa.table(name, sa.column("transactional_id"), schema=schema or None)
+            return {str(tid) for (tid,) in conn.execute(sa.select(ids.c.transactional_id))}
+    finally:
+        engine.dispose()
 
 
 class HeldRow:

@@ -10,6 +10,11 @@ Kafka: ``$KAFKA_BOOTSTRAP_SERVERS``, or a local broker started here (the first
 run downloads Apache Kafka from Maven Central; Java 17 and Maven are needed,
 ``scripts/setup.sh`` installs them).  Exit code 0 iff the final check passes.
 
+What it leaves behind: a broker it started is stopped at the end (its data stays
+in ``~/.cache/kafka2pc/run/``), unless ``--keep-broker`` is given; a broker it found
+running keeps running, with the demo's topic.  Its temporary folder
+(``kafka2pc-demo-*``, the SQLite database) is removed.
+
 The same file is the service itself (``--serve``), run as a child process.
 """
 
@@ -19,6 +24,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -156,13 +162,13 @@ def run_child(args: list[str]) -> int:
     return proc.returncode
 
 
-def demo(orders: int, crash_at: int) -> int:
+def demo(orders: int, crash_at: int, keep_broker: bool = False) -> int:
     bootstrap, started = _kafka()
     from kafka2pc.testing import create_topic
 
+    topic = create_topic(bootstrap, f"orders-{uuid.uuid4().hex[:8]}")
     workdir = Path(tempfile.mkdtemp(prefix="kafka2pc-demo-"))
     db_url = f"sqlite:///{workdir / 'orders.db'}"
-    topic = create_topic(bootstrap, f"orders-{uuid.uuid4().hex[:8]}")
     common = ["--db", db_url, "--bootstrap", bootstrap, "--topic", topic,
               "--transactional-id", f"order-service-{topic}"]
     try:
@@ -192,15 +198,23 @@ def demo(orders: int, crash_at: int) -> int:
               f"{'every order has exactly one event and vice versa' if consistent else 'see above'}")
         return 0 if consistent else 1
     finally:
-        if started is not None:
-            step("Kafka", "stopping the broker this demo started")
+        shutil.rmtree(workdir, ignore_errors=True)
+        if started is not None and not keep_broker:
+            step("Kafka", "stopping the broker this demo started (nothing is left running)")
             started.stop()  # type: ignore[attr-defined]
+        else:
+            step("Kafka", f"the broker keeps running at {bootstrap}; for the README's examples:")
+            print(f"   export KAFKA_BOOTSTRAP_SERVERS={bootstrap}")
+            if started is not None:
+                print("   stop it with: .venv/bin/python -m kafka2pc.testing.broker down")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--orders", type=int, default=8)
     parser.add_argument("--crash-at", type=int, default=5, help="order whose Kafka commit is never reached")
+    parser.add_argument("--keep-broker", action="store_true",
+                        help="leave the local broker this demo starts running (it prints its address)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -216,7 +230,7 @@ def main() -> int:
         return 0
     if not 1 <= args.crash_at <= args.orders:
         parser.error("--crash-at must be between 1 and --orders")
-    return demo(args.orders, args.crash_at)
+    return demo(args.orders, args.crash_at, args.keep_broker)
 
 
 if __name__ == "__main__":

@@ -236,17 +236,24 @@ class TransactionAdmin:
         coordinator's description from *before* termination, or ``None`` when
         nothing was sent: the id is unknown, or ``only_ongoing=True`` and no
         transaction is in state ``Ongoing`` (one already committing or aborting
-        is left to finish).
+        is left to finish).  Logs a WARNING when an ``Ongoing`` transaction was
+        aborted, an INFO line when there was nothing open to end.
         """
         with self._ctrl.deadline(timeout):
             before = self._ctrl.describe_transaction(transactional_id)
             if before is None or (only_ongoing and before.state != "Ongoing"):
                 return None
             result = self._ctrl.fence(transactional_id, before)
-        logger.warning(
-            "force-terminated %r (was %s, producer %d/%d; now epoch %d)",
-            transactional_id, before.state, before.producer_id, before.producer_epoch, result.producer_epoch,
-        )
+        if before.state == "Ongoing":
+            logger.warning(
+                "force-terminated %r: aborted its open transaction (producer %d/%d; now epoch %d)",
+                transactional_id, before.producer_id, before.producer_epoch, result.producer_epoch,
+            )
+        else:
+            logger.info(
+                "fenced %r: nothing was open (state %s, producer %d/%d; now epoch %d)",
+                transactional_id, before.state, before.producer_id, before.producer_epoch, result.producer_epoch,
+            )
         return before
 
     def transaction_outcome(
@@ -490,6 +497,36 @@ class TransactionAdmin:
         with self._ctrl.deadline(timeout):
             limit = self._ctrl.broker_config(["transaction.max.timeout.ms"]).get("transaction.max.timeout.ms")
         return min(int(limit), LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS) if limit else None
+
+    def pending_offset_groups(self, *, timeout: float | None = None) -> dict[str, list[TopicAndPartition]]:
+        """Consumer groups whose committed offsets are pending in an open transaction, with those partitions.
+
+        A transaction that sent a group's offsets (``send_offsets_to_transaction``)
+        holds them until it ends; meanwhile ``OffsetFetch`` with
+        ``require_stable`` answers ``UNSTABLE_OFFSET_COMMIT`` and a consumer
+        (re)starting in the group waits.  The transaction holding a group's
+        offsets lists :meth:`consumer_offsets_partition` of the group among its
+        partitions.  Only partitions that also have a committed offset are
+        reported (as the group coordinator does).  ``timeout`` bounds the whole call.
+        """
+        from kafka2pc._control._groups import pending_offset_groups
+
+        with self._ctrl.deadline(timeout):
+            return pending_offset_groups(self._ctrl)
+
+    def consumer_offsets_partition(self, group_id: str, *, timeout: float | None = None) -> TopicAndPartition:
+        """The ``__consumer_offsets`` partition that stores ``group_id``'s offsets (as the broker picks it)."""
+        from kafka2pc._control._groups import (
+            CONSUMER_OFFSETS_TOPIC,
+            consumer_offsets_partition_count,
+            offsets_partition,
+        )
+
+        with self._ctrl.deadline(timeout):
+            count = consumer_offsets_partition_count(self._ctrl)
+        if count <= 0:
+            raise UsageError(f"{CONSUMER_OFFSETS_TOPIC} does not exist yet: no group has committed offsets")
+        return TopicAndPartition(CONSUMER_OFFSETS_TOPIC, offsets_partition(group_id, count))
 
     def _info(self, desc: TransactionDescription) -> TransactionInfo:
         now_ms = int(time.time() * 1000)

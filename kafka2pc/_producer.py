@@ -259,6 +259,8 @@ class TwoPhaseCommitProducer:
         self._delivery_error: KafkaError | None = None
         self._prepared: PreparedTxnState | None = None
         self._last_settlement: Settlement | None = None
+        self._abort_doubtful = False
+        """The last abort ran with records in flight: the coordinator may still hold it open."""
         # The producer-level delivery callback (librdkafka's default for records sent
         # without one; it calls the configuration's own ``on_delivery``): a record
         # without a callback of its own carries no per-record Python object.
@@ -683,7 +685,16 @@ class TwoPhaseCommitProducer:
         self._end_local(commit=True, timeout=timeout)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
-        """Abort the current transaction (or, when recovering, the one left open)."""
+        """Abort the current transaction (or, when recovering, the one left open).
+
+        Records still in flight are delivered first (within half the
+        ``timeout``), so that the abort cannot race their partitions'
+        registration with the coordinator (librdkafka issue #4849): their
+        delivery reports succeed, and the abort marker hides them from
+        ``read_committed`` consumers.  If librdkafka's abort fails anyway
+        (INVALID_TXN_STATE, fatal), what the coordinator holds open for this
+        producer is aborted there before the error is raised.
+        """
         source = self._machine.check("abort_transaction")
         if source is TxnState.RECOVERING or (source is TxnState.IN_DOUBT and self._producer is None):
             self._settle_open(commit=False, timeout=timeout)
@@ -749,7 +760,15 @@ class TwoPhaseCommitProducer:
         self._reinitialize(_deadline_after(None) if deadline is None else deadline)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Flush nothing, release the producer and the control plane connections."""
+        """Flush nothing, release the producer and the control plane connections.
+
+        After an abort that ran while records were still in flight, the
+        coordinator is asked first (within ``timeout``) and a transaction it
+        still holds open is aborted, so the transactional id is handed back
+        with nothing open.
+        """
+        if self._abort_doubtful and self._producer is not None and self.state is TxnState.READY:
+            self._end_left_open(_deadline_after(timeout))
         if self._producer is not None:
             try:
                 self._producer.flush(0)
@@ -862,11 +881,21 @@ class TwoPhaseCommitProducer:
     def _end_local(self, *, commit: bool, timeout: float | None) -> None:
         op = "commit_transaction" if commit else "abort_transaction"
         producer = self._require_producer()
-        args = (DEFAULT_TIMEOUT_S if timeout is None else timeout,)
+        deadline = _deadline_after(timeout)
+        registered = True
+        if not commit:
+            registered = self._settle_registrations(producer, deadline)
+        args = (max(0.001, deadline - time.monotonic()),)
         try:
             producer.commit_transaction(*args) if commit else producer.abort_transaction(*args)
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if not commit and err is not None and err.code() == KafkaError.INVALID_TXN_STATE:
+                # The abort lost librdkafka's race: the producer is unusable, the coordinator may hold
+                # the transaction open.  End it there, then report the producer's fatal error.
+                logger.info("%s: librdkafka's abort failed (%s): ending the transaction at the coordinator",
+                            self._transactional_id, err.name())
+                self._end_left_open(deadline)
             if err is not None and err.retriable() and not err.fatal() and not err.txn_requires_abort():
                 indefinite = IndefiniteOutcomeError(
                     f"{op}() of {self._prepared or 'the transaction'} timed out: outcome unknown; retry it "
@@ -878,8 +907,52 @@ class TwoPhaseCommitProducer:
             raise self._failed(op, exc) from exc
         if not commit:
             self._ids_stale = True  # librdkafka may bump the epoch while aborting
+            self._abort_doubtful = not registered
         self._prepared = None
         self._machine.transition_to(TxnState.READY)
+
+    def _settle_registrations(self, producer: Producer, deadline: float) -> bool:
+        """Deliver what the transaction produced before aborting it; True if nothing is left in flight.
+
+        librdkafka's abort races a partition registration (AddPartitionsToTxn)
+        still in flight (librdkafka issue #4849): the abort fails fatally with
+        INVALID_TXN_STATE, or the coordinator keeps the transaction open after
+        the producer is gone.  A record delivered is a partition registered,
+        so a flush settles the race; it gets half the abort's time.
+        """
+        try:
+            return int(producer.flush(max(0.0, (deadline - time.monotonic()) / 2))) == 0
+        except (KafkaException, SystemError):  # a fenced or fatal producer: the abort reports it
+            return False
+
+    def _end_left_open(self, deadline: float) -> None:
+        """End what the coordinator still holds open for this producer after its abort (by ``deadline``).
+
+        The coordinator may keep the transaction ``Ongoing`` after librdkafka's
+        abort (librdkafka issue #4849).  DescribeTransactions says; if it is
+        this producer's (same producer id and epoch: never another instance's),
+        EndTxn(abort) ends it.  A failure is logged, not raised: the caller's
+        own outcome stands, and the coordinator aborts the transaction at its
+        timeout at the latest.
+        """
+        self._abort_doubtful = False
+        try:
+            with self._bounded(deadline, f"checking the coordinator after aborting {self._transactional_id!r}"):
+                desc = self._ctrl.describe_transaction(self._transactional_id)
+                if desc is None or desc.state != "Ongoing":
+                    return
+                if (desc.producer_id, desc.producer_epoch) != (self._producer_id, self._epoch):
+                    logger.warning("%s: the coordinator holds a transaction of producer %d/%d open, not this "
+                                   "producer's (%d/%d): left alone", self._transactional_id, desc.producer_id,
+                                   desc.producer_epoch, self._producer_id, self._epoch)
+                    return
+                self._ctrl.end_txn(self._transactional_id, desc.producer_id, desc.producer_epoch, commit=False)
+        except Kafka2pcError as exc:
+            logger.warning("%s: could not check the coordinator after an abort (%s): a transaction left open "
+                           "ends at its timeout", self._transactional_id, exc)
+            return
+        logger.warning("%s: the coordinator still held the aborted transaction open (producer %d/%d): ended it",
+                       self._transactional_id, desc.producer_id, desc.producer_epoch)
 
     def _failed(self, op: str, exc: KafkaException) -> Kafka2pcError:
         error = translate_confluent_error(exc, f"{op}({self._transactional_id!r})")

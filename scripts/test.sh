@@ -4,13 +4,14 @@
 # (fetched from Maven Central and started by the fixtures), real PostgreSQL
 # and SQLite. Extra arguments go to pytest.
 #
-# Without arguments (the full suite, as CI runs it) the crash tests then run
-# once more on every other broker line of CI's matrix
-# (kafka2pc.testing._settings.CI_KAFKA_VERSIONS): the core crash tests already
-# cover every line through the any_kafka_bootstrap fixture, the recipe crash
-# tests (tests/recipes/test_*crash*.py) run again with $KAFKA_VERSION set, on
-# PostgreSQL (what differs between broker lines is the broker; the SQLite and
-# MariaDB variants of the same crash tests already ran on the default line).
+# Without arguments (the full suite, as CI runs it) the dual write's decision
+# points then run once more on every other broker line of CI's matrix
+# (kafka2pc.testing._settings.CI_KAFKA_VERSIONS), with $KAFKA_VERSION set, on
+# PostgreSQL: the crash matrix at the steps around the database COMMIT, the
+# recovery killed at each of its steps, the heuristic outcome. What differs
+# between broker lines is the coordinator, which the core crash tests already
+# cover on every line through the any_kafka_bootstrap fixture; the asyncio and
+# pool crash tests and the SQLite and MariaDB variants ran on the default line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KAFKA2PC_EXTRAS=test,spark bash scripts/setup.sh  # test = sql,postgres,mysql,cli,otel + pytest
@@ -35,9 +36,13 @@ fi
 if [ "$#" = 0 ]; then
   lines=$(.venv/bin/python -c 'from kafka2pc.testing._settings import CI_KAFKA_VERSIONS as v; print(*v[1:])')
   for version in $lines; do
-    echo "test.sh: recipe crash tests on Kafka $version" >&2
+    echo "test.sh: the dual write's decision points on Kafka $version" >&2
     set +e
-    KAFKA_VERSION=$version .venv/bin/python -m pytest -q -k "not mariadb and not sqlite" tests/recipes/test_*crash*.py
+    KAFKA_VERSION=$version KAFKA2PC_CRASH_POINTS=prepared,state_stored,db_committing,db_committed \
+      KAFKA2PC_CRASH_RACE_RUNS=8 .venv/bin/python -m pytest -q --durations=5 \
+      "tests/recipes/test_dual_write_crash.py::test_crash_matrix[postgresql]" \
+      "tests/recipes/test_dual_write_crash.py::test_kill_during_recovery_then_recover_again[postgresql]" \
+      tests/recipes/test_dual_write_crash.py::test_heuristic_outcome_is_reported_and_retained_records_are_republished_once
     line_rc=$?
     set -e
     [ "$line_rc" = 0 ] || rc=$line_rc

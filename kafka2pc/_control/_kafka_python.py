@@ -118,6 +118,12 @@ def broker_ids(admin: KafkaAdminClient) -> list[int]:
     return sorted(int(b.node_id) for b in admin._manager.cluster.brokers())
 
 
+def least_loaded_broker(admin: KafkaAdminClient) -> int | None:
+    """kafka-python's pick of a broker: connected and idle first, never one in reconnect backoff."""
+    node = admin._manager.least_loaded_node()
+    return None if node is None else int(node)
+
+
 def advertised_api_versions(admin: KafkaAdminClient) -> dict[int, tuple[int, int]] | None:
     """API key -> ``(min, max)`` version the bootstrap broker advertised; ``None`` before bootstrap."""
     data = admin._manager.broker_version_data

@@ -141,26 +141,22 @@ class ControlPlane(Session):
         return {compat.api_key_name(key): low_high for key, low_high in sorted(versions.items())}
 
     def broker_config(self, names: Collection[str], *, timeout: float | None = None) -> dict[str, str]:
-        """Values of broker settings (DescribeConfigs on one broker).
+        """Values of broker settings (DescribeConfigs on one live broker).
 
         Used to check ``transaction.max.timeout.ms`` and
         ``transaction.two.phase.commit.enable`` before relying on them.  Names
         the broker does not know, and sensitive values (reported as null),
-        are absent from the result.
+        are absent from the result.  A broker that is down or does not answer
+        is left for the next one (retried as every control-plane call is,
+        within the call's deadline).
         """
         wanted = list(names)
         context = "DescribeConfigs"
         deadline = self._call_deadline(timeout)
 
-        async def go(admin: KafkaAdminClient) -> dict[str, str]:
-            brokers = compat.broker_ids(admin)
-            if not brokers:
-                raise translate_kafka_python_error(
-                    kafka_errors.NodeNotReadyError("cluster metadata lists no broker"), context
-                )
-            node_id = brokers[0]
+        async def attempt(admin: KafkaAdminClient, node_id: int, cap_ms: int) -> dict[str, str]:
             response = await self._send(admin, protocol.describe_configs(node_id, wanted), node_id, deadline,
-                                        context)
+                                        context, cap_ms=cap_ms)
             values: dict[str, str] = {}
             for result in response.results:
                 if result.error_code:
@@ -172,7 +168,7 @@ class ControlPlane(Session):
                         values[entry.name] = entry.value
             return values
 
-        return self._run(context, deadline, go)
+        return self._on_any_broker(context, deadline, attempt)
 
     def topic_names(self, *, timeout: float | None = None) -> list[str]:
         """Names of every topic in the cluster (used to resolve digest-stored anchor topics)."""

@@ -1,7 +1,7 @@
 """One retry routine for control-plane requests, keyed by where the request goes.
 
-A request goes either to the transaction coordinator of a transactional id
-or to the leader of a partition (:class:`Route`).  Each route has the wire
+A request goes to the transaction coordinator of a transactional id, to
+the leader of a partition, or to any live broker (:class:`Route`).  Each route has the wire
 errors that mean "ask where to send it again" (the coordinator or leader
 moved) and those that mean "same place, a moment later" (it is busy), as the
 Java ``TransactionManager`` handlers classify them.  :func:`call_with_retries`
@@ -41,6 +41,7 @@ class Route(enum.Enum):
 
     COORDINATOR = "transaction coordinator"
     LEADER = "partition leader"
+    ANY_BROKER = "any broker"
 
 
 # The route's target moved: find it again before the next attempt.
@@ -49,16 +50,19 @@ _MOVED = {
     Route.LEADER: frozenset(
         {WireError.NOT_LEADER_OR_FOLLOWER, WireError.LEADER_NOT_AVAILABLE, WireError.UNKNOWN_TOPIC_OR_PARTITION}
     ),
+    Route.ANY_BROKER: frozenset({WireError.BROKER_NOT_AVAILABLE}),
 }
 # The target is busy: same target, a moment later.
 _BUSY = {
     Route.COORDINATOR: frozenset({WireError.COORDINATOR_LOAD_IN_PROGRESS, WireError.CONCURRENT_TRANSACTIONS}),
     Route.LEADER: frozenset({WireError.OFFSET_NOT_AVAILABLE}),
+    Route.ANY_BROKER: frozenset(),
 }
 # What a lost connection to the target counts as.
 _CONNECTION_LOST = {
     Route.COORDINATOR: WireError.COORDINATOR_NOT_AVAILABLE,
     Route.LEADER: WireError.NOT_LEADER_OR_FOLLOWER,
+    Route.ANY_BROKER: WireError.BROKER_NOT_AVAILABLE,
 }
 _BACKOFF_BASE_S = 0.05
 _BACKOFF_MAX_S = 2.0

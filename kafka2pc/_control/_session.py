@@ -46,6 +46,9 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 """Default bound of one request on the wire (a call may send several)."""
 
+ANY_BROKER_ATTEMPT_MIN_S = 2.0
+"""Shortest wait for one broker's answer to a request any broker can answer, before trying the next."""
+
 CONNECTION_ERRORS: tuple[type[Exception], ...] = (
     kafka_errors.KafkaConnectionError,
     kafka_errors.NodeNotReadyError,
@@ -93,6 +96,7 @@ class Session:
         self._closed = False
         self._coordinators: dict[str, int] = {}
         self._leaders: dict[TopicPartition, int] = {}
+        self._any_node: int | None = None
         self._requests: Counter[str] = Counter()
         quiet_kafka_python()  # kafka-python's INFO chatter -> DEBUG (kafka2pc._logging)
 
@@ -174,8 +178,9 @@ class Session:
     # -- low-level helpers (run on the IO thread) ------------------------------
 
     async def _send(self, admin: KafkaAdminClient, request: Any, node_id: int | None, deadline: Deadline,
-                    context: str, *, label: str | None = None) -> Any:
-        timeout_ms = deadline.remaining_ms(self._request_timeout_ms)
+                    context: str, *, label: str | None = None, cap_ms: int | None = None) -> Any:
+        timeout_ms = deadline.remaining_ms(self._request_timeout_ms if cap_ms is None
+                                           else min(cap_ms, self._request_timeout_ms))
         if timeout_ms <= 0:
             raise deadline.exceeded(context)
         self._requests[label or type(request).__name__.removesuffix("Request")] += 1
@@ -258,6 +263,49 @@ class Session:
             )
 
         return self._run(context, deadline, go)
+
+    def _on_any_broker(
+        self,
+        context: str,
+        deadline: Deadline,
+        attempt_fn: Callable[[KafkaAdminClient, int, int], Awaitable[_T]],
+    ) -> _T:
+        """``attempt_fn(admin, node, cap_ms)`` on a broker any of which can answer, moving on when one fails.
+
+        A broker that refuses the connection or does not answer within
+        ``cap_ms`` (a third of the time left, at least
+        :data:`ANY_BROKER_ATTEMPT_MIN_S`) is left for the next one in the
+        cluster's metadata, with the retry route's backoff and the call's deadline.
+        """
+
+        async def go(admin: KafkaAdminClient) -> _T:
+            async def resolve(refresh: bool) -> int:
+                return self._any_broker(admin, refresh, context)
+
+            async def attempt(node: int) -> _T:
+                cap_ms = int(max(ANY_BROKER_ATTEMPT_MIN_S, deadline.remaining() / 3) * 1000)
+                return await attempt_fn(admin, node, cap_ms)
+
+            return await self._with_route(admin, Route.ANY_BROKER, context, deadline, resolve, attempt)
+
+        return self._run(context, deadline, go)
+
+    def _any_broker(self, admin: KafkaAdminClient, refresh: bool, context: str) -> int:
+        """A broker of the cluster's metadata: the one that answered last, or (``refresh``) another one."""
+        brokers = compat.broker_ids(admin)
+        if not brokers:
+            raise translate_kafka_python_error(
+                kafka_errors.NodeNotReadyError("cluster metadata lists no broker"), context
+            )
+        current = self._any_node
+        if current in brokers and not refresh:
+            return current
+        # kafka-python's pick (connected first, none in reconnect backoff), else the next in turn.
+        chosen = compat.least_loaded_broker(admin)
+        if chosen is None or chosen not in brokers or chosen == current:
+            chosen = brokers[0] if current not in brokers else next((b for b in brokers if b > current), brokers[0])
+        self._any_node = chosen
+        return chosen
 
     async def _coordinator(
         self, admin: KafkaAdminClient, transactional_id: str, refresh: bool, deadline: Deadline

@@ -230,6 +230,14 @@ class AsyncTransactionAdmin:
         """The largest ``transaction.timeout.ms`` a producer can use here (``None`` if the broker does not say)."""
         return await self._call(functools.partial(self._sync.max_transaction_timeout_ms, timeout=timeout))
 
+    async def pending_offset_groups(self, *, timeout: float | None = None) -> dict[str, list[TopicAndPartition]]:
+        """Consumer groups whose committed offsets are pending in an open transaction, with those partitions."""
+        return await self._call(functools.partial(self._sync.pending_offset_groups, timeout=timeout))
+
+    async def consumer_offsets_partition(self, group_id: str, *, timeout: float | None = None) -> TopicAndPartition:
+        """The ``__consumer_offsets`` partition that stores ``group_id``'s offsets (as the broker picks it)."""
+        return await self._call(functools.partial(self._sync.consumer_offsets_partition, group_id, timeout=timeout))
+
     async def close(self) -> None:
         """Close the connections and stop the admin's thread (after the calls already queued)."""
         if self._closed:

@@ -10,7 +10,9 @@ from typing import Literal
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from kafka2pc._control import ControlPlane
 from kafka2pc._logging import with_librdkafka_logger
+from kafka2pc._types import TopicPartition as Partition
 
 Isolation = Literal["read_committed", "read_uncommitted"]
 
@@ -60,6 +62,96 @@ def end_offsets(
     return _end_offsets(AdminClient(with_librdkafka_logger({"bootstrap.servers": bootstrap_servers})), topic, isolation)
 
 
+def settled_end_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
+    """Per partition: the last stable offset once no transaction on ``topic`` is being completed.
+
+    While the last stable offset of a partition is below its high watermark,
+    the coordinators are asked about the transactions that hold it
+    (DescribeProducers on the partition, ListTransactions): a transaction
+    still ``Ongoing`` is open, and its records are not waited for; one that
+    is being committed or aborted (markers on their way) is waited for, up to
+    ``MARKER_DEADLINE_S``.  After the deadline the offsets are returned as
+    they are, and the difference shows as a transaction left hanging.
+    """
+    return _settled_end_offsets(
+        AdminClient(with_librdkafka_logger({"bootstrap.servers": bootstrap_servers})), bootstrap_servers, topic
+    )
+
+
+def wait_for_open_records(bootstrap_servers: str, topic: str, *, timeout: float = 30.0) -> dict[int, int]:
+    """Wait until a record of an ``Ongoing`` transaction is on ``topic``; return the high watermarks.
+
+    For tests that act on a transaction once the broker holds its records:
+    some partition's last stable offset is below its high watermark, held by
+    a producer whose transaction its coordinator reports ``Ongoing`` (not one
+    whose markers are still being written).  Raises ``TimeoutError`` after
+    ``timeout`` seconds.
+    """
+    admin = AdminClient(with_librdkafka_logger({"bootstrap.servers": bootstrap_servers}))
+    deadline = time.monotonic() + timeout
+    with _Holders(bootstrap_servers, topic) as holders:
+        while True:
+            high = _end_offsets(admin, topic, "read_uncommitted")
+            held = holders.of(_end_offsets(admin, topic, "read_committed"), high)
+            if held and held & holders.in_states(("Ongoing",)):
+                return high
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no record of an open transaction reached {topic} in {timeout}s")
+            time.sleep(0.01)
+
+
+def _settled_end_offsets(admin: AdminClient, bootstrap_servers: str, topic: str) -> dict[int, int]:
+    deadline = time.monotonic() + MARKER_DEADLINE_S
+    with _Holders(bootstrap_servers, topic) as holders:
+        while True:
+            stable = _end_offsets(admin, topic, "read_committed")
+            high = _end_offsets(admin, topic, "read_uncommitted")
+            if stable == high or time.monotonic() > deadline:
+                return stable
+            held = holders.of(stable, high)
+            if held and not held & holders.in_states(_COMPLETING):
+                # Every transaction holding the offset is open at its coordinator, or unknown to it
+                # (a hanging transaction): none is on its way to a marker.
+                if _end_offsets(admin, topic, "read_committed") == stable:
+                    return stable
+            time.sleep(0.02)
+
+
+class _Holders:
+    """The producers whose open transactions hold a topic's last stable offsets, and their coordinators' view."""
+
+    def __init__(self, bootstrap_servers: str, topic: str) -> None:
+        self._config = {"bootstrap.servers": bootstrap_servers}
+        self._topic = topic
+        self._ctrl: ControlPlane | None = None
+
+    def __enter__(self) -> _Holders:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctrl is not None:
+            self._ctrl.close()
+
+    @property
+    def ctrl(self) -> ControlPlane:
+        if self._ctrl is None:  # only when a transaction is open: most calls never need one
+            self._ctrl = ControlPlane(self._config)
+        return self._ctrl
+
+    def of(self, stable: dict[int, int], high: dict[int, int]) -> set[int]:
+        """Producer ids with an open transaction on a partition whose ``stable`` end is below ``high``."""
+        return {
+            producer.producer_id
+            for p, h in high.items() if stable.get(p, 0) < h
+            for producer in self.ctrl.describe_producers(Partition(self._topic, p), timeout=10)
+            if producer.current_txn_start_offset >= 0
+        }
+
+    def in_states(self, states: tuple[str, ...]) -> set[int]:
+        """Producer ids of the transactions in one of ``states``, at every coordinator."""
+        return {t.producer_id for t in self.ctrl.list_transactions(states=states, timeout=10)}
+
+
 def _end_offsets(admin: AdminClient, topic: str, isolation: Isolation) -> dict[int, int]:
     from confluent_kafka import IsolationLevel
     from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
@@ -77,8 +169,11 @@ def _end_offsets(admin: AdminClient, topic: str, isolation: Isolation) -> dict[i
     return {tp.partition: int(f.result().offset) for tp, f in futures.items()}
 
 
-MARKER_WAIT_S = 1.0
-"""How long :func:`drain` waits for a just-committed transaction's markers to move the last stable offset."""
+MARKER_DEADLINE_S = 30.0
+"""How long :func:`drain` waits for the markers of transactions whose coordinator is completing them."""
+
+#: Coordinator states of a transaction whose markers are being written (or were, a moment ago).
+_COMPLETING = ("PrepareCommit", "PrepareAbort", "PrepareEpochFence", "CompleteCommit", "CompleteAbort")
 
 
 def drain(
@@ -94,20 +189,13 @@ def drain(
     open transaction are not waited for) and the high watermark otherwise.
     A transaction that has just committed is complete once its markers are
     written, a few milliseconds after ``commit_transaction`` returned (the
-    coordinator writes them after it answered): while the last stable offset
-    is below the high watermark, it is read again for up to
-    ``MARKER_WAIT_S`` (then an open transaction is taken as open).
+    coordinator writes them after it answered): see :func:`settled_end_offsets`.
     """
     admin = AdminClient(with_librdkafka_logger({"bootstrap.servers": bootstrap_servers}))
-    ends = _end_offsets(admin, topic, isolation)
     if isolation == "read_committed":
-        waited_until = time.monotonic() + MARKER_WAIT_S
-        while time.monotonic() < waited_until:
-            high = _end_offsets(admin, topic, "read_uncommitted")
-            if all(ends.get(p, 0) >= h for p, h in high.items()):
-                break
-            time.sleep(0.02)
-            ends = _end_offsets(admin, topic, isolation)
+        ends = _settled_end_offsets(admin, bootstrap_servers, topic)
+    else:
+        ends = _end_offsets(admin, topic, isolation)
     consumer = Consumer(
         with_librdkafka_logger({
             "bootstrap.servers": bootstrap_servers,

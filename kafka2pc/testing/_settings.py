@@ -30,6 +30,13 @@ TRANSACTION_SETTINGS: dict[str, str] = {
     "num.partitions": "1",
 }
 
+#: Settings of the local test broker only (not docker-compose's, which users run as it is): the coordinator
+#: looks for timed-out transactions every second instead of every 10 s, so tests of the broker aborting
+#: a transaction past ``transaction.timeout.ms`` (a heuristic outcome) wait seconds, not tens of seconds.
+TEST_BROKER_SETTINGS: dict[str, str] = {
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+}
+
 #: Settings only brokers of the 4.x line understand.
 SETTINGS_SINCE_4 = frozenset({"transaction.two.phase.commit.enable"})
 

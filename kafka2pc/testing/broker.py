@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kafka2pc.testing._settings import DEFAULT_KAFKA_VERSION, broker_settings
+from kafka2pc.testing._settings import DEFAULT_KAFKA_VERSION, TEST_BROKER_SETTINGS, broker_settings
 
 __all__ = [
     "DEFAULT_KAFKA_VERSION",
@@ -580,6 +580,7 @@ class LocalKafka:
             "log.dirs": str(ndir / "data"),
             "log.flush.interval.messages": "9223372036854775807",
             **broker_settings(self.version, len(self.nodes)),
+            **TEST_BROKER_SETTINGS,
             **self.extra_settings,
         }
         (ndir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))

@@ -394,11 +394,12 @@ class WriterPool:
         """
         if self._closed:
             raise IllegalStateError(f"pool {self._prefix!r} is closed")
-        slot = self._take()
+        ready_by = time.monotonic() + self._acquire_timeout_s if self._acquire_timeout_s > 0 else None
+        slot = self._take(ready_by)
         handed_off: InFlightCommit | None = None
         try:
             if self._pipeline is None:
-                with slot.writer.transaction(bind) as tx:
+                with slot.writer._transaction_deferred(bind, None, ready_by=ready_by) as tx:
                     yield tx
             else:
                 pipeline = self._pipeline
@@ -407,7 +408,7 @@ class WriterPool:
                     nonlocal handed_off
                     handed_off = pipeline.submit(slot.tid, commit, lambda: self._give_back(slot))
 
-                with slot.writer._transaction_deferred(bind, defer) as tx:
+                with slot.writer._transaction_deferred(bind, defer, ready_by=ready_by) as tx:
                     yield tx
         finally:
             if handed_off is None:
@@ -562,7 +563,8 @@ class WriterPool:
         return DualWriter(self._engine, {**self._config, "transactional.id": tid},
                           state_table=self._state_table, **self._writer_options)
 
-    def _take(self) -> _Slot:
+    def _take(self, ready_by: float | None = None) -> _Slot:
+        """A free slot (healthy ones first), or a new one leased and recovered by ``ready_by``."""
         if time.monotonic() - self._renewed_at > self._lease_s * 2 / 3:
             self._renew()  # this process was paused or cut off: know which leases are still ours first
         deadline = time.monotonic() + self._acquire_timeout_s
@@ -578,7 +580,10 @@ class WriterPool:
                     # ~13 ms with four writers on eight slots).
                     free = [slot for slot in self._slots if not slot.busy and not slot.lost]
                     if free:
-                        chosen = min(free, key=lambda slot: slot.freed_at)
+                        # A slot left needing recovery (its broker call failed) is taken last: its
+                        # recovery may not finish while the broker is down.
+                        chosen = min(free, key=lambda slot: (slot.writer.status is not WriterState.READY,
+                                                             slot.freed_at))
                         chosen.busy = True
                         return chosen
                     if len(self._slots) + self._acquiring < self._max_slots:
@@ -590,7 +595,7 @@ class WriterPool:
                     self._cond.wait(left)
             acquired: _Slot | None = None
             try:
-                acquired = self._acquire()
+                acquired = self._acquire(ready_by)
             finally:
                 with self._cond:
                     self._acquiring -= 1
@@ -612,8 +617,8 @@ class WriterPool:
             "transactions at once"
         )
 
-    def _acquire(self) -> _Slot | None:
-        """Lease a free (or expired) id and recover it; ``None`` if every id is leased."""
+    def _acquire(self, ready_by: float | None = None) -> _Slot | None:
+        """Lease a free (or expired) id and recover it (by ``ready_by``); ``None`` if every id is leased."""
         candidates = self._book.candidates(limit=16)
         random.shuffle(candidates)
         candidates.sort(key=lambda lease: lease.owner is not None)  # free ids first, in random order
@@ -622,8 +627,11 @@ class WriterPool:
             if claimed is None:
                 continue
             writer = self._new_writer(lease.transactional_id)
+            deadline = writer._kafka_deadline()
+            if ready_by is not None:
+                deadline = ready_by if deadline is None else min(deadline, ready_by)
             try:
-                writer.recover(on_heuristic="report")
+                writer._recover_by(deadline)
             except BaseException:
                 self._retire([_Slot(writer, claimed.epoch)], abandon=True)
                 raise

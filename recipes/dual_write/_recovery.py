@@ -45,7 +45,7 @@ class Recovering(WriterCore):
         old, self._producer = self._producer, None
         if old is not None:
             try:
-                old.close()
+                old.close(seconds_left(deadline) or 30.0)
             except Exception:  # the new producer fences it anyway
                 logger.debug("%s: closing the old producer failed", self._tid, exc_info=True)
         self._to(WriterState.RECOVERING)
@@ -85,7 +85,10 @@ class Recovering(WriterCore):
         with self._engine.connect() as conn, conn.begin():
             claimed = locked(store, self._tid, "recover (claim the state row)",
                              lambda: store.claim(conn, self._tid, lock_timeout_s=self._lock_timeout_s))
+            # Validated before the claim commits: a state of another id (or a malformed one) rolls the
+            # claim back, so an operator's mistake fences no live writer.
             state = self._parse(claimed.state)
+            state.check_transactional_id(self._tid)
             self._step(Step.RECOVERY_LOCKED)
         stored, token = claimed.state, claimed.token
         self._step(Step.RECOVERY_CLAIMED)

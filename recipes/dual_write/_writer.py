@@ -51,6 +51,9 @@ __all__ = ["DualWriter", "recover_all"]
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_CLOSE_TIMEOUT_S = 30.0
+"""Bound of :meth:`DualWriter.close` without ``kafka_timeout_s`` (the producer's own close default)."""
+
 DeferCommit = Callable[[Callable[[], None]], None]
 """Receives the call that commits Kafka after the database COMMIT, to run it later (pipelined commit)."""
 
@@ -273,7 +276,9 @@ class DualWriter(Settling):
                 bound.remove()
 
     @contextmanager
-    def _transaction_deferred(self, bind: Bind, defer: DeferCommit) -> Iterator[DualWriteTransaction]:
+    def _transaction_deferred(
+        self, bind: Bind, defer: DeferCommit | None, *, ready_by: float | None = None
+    ) -> Iterator[DualWriteTransaction]:
         """:meth:`transaction`, but the Kafka commit after the database COMMIT is handed to ``defer``.
 
         For :class:`WriterPool`'s pipelined commit: ``defer`` receives the
@@ -281,10 +286,12 @@ class DualWriter(Settling):
         does) and runs it later, in another thread.  Until that call returned
         the writer stays ``IN_TRANSACTION``: the caller must not start another
         transaction on it before.  If the block fails before the database
-        COMMIT, ``defer`` is not called.
+        COMMIT, ``defer`` is not called; without ``defer`` this is
+        :meth:`transaction`.  ``ready_by`` (``time.monotonic()``) also bounds
+        the recovery run first (the pool's ``acquire_timeout_s``).
         """
         with self._exclusive():
-            self._ensure_ready()
+            self._ensure_ready(ready_by)
             bound = bind_target(bind, self._tid)
             bound.install()
             try:
@@ -293,13 +300,18 @@ class DualWriter(Settling):
                 bound.remove()
 
     def close(self) -> None:
-        """Release the producer.  A prepared transaction is left for the next :meth:`recover`."""
+        """Release the producer.  A prepared transaction is left for the next :meth:`recover`.
+
+        If the last abort ran with records still in flight, the coordinator
+        is asked first and a transaction it still holds open is aborted
+        (within ``kafka_timeout_s``, else 30 s).
+        """
         producer, self._producer = self._producer, None
         if self._status is not WriterState.RECOVERING:  # a recovery in another thread ends by itself
             self._to(WriterState.CLOSED)
         if producer is not None:
             try:
-                producer.close()
+                producer.close(self._kafka_timeout_s or DEFAULT_CLOSE_TIMEOUT_S)
             except Exception:  # a fenced producer's flush raises; there is nothing left to release
                 logger.debug("%s: closing the producer failed", self._tid, exc_info=True)
 
@@ -321,14 +333,28 @@ class DualWriter(Settling):
             finally:
                 self._owner = None
 
-    def _ensure_ready(self) -> None:
+    def _ensure_ready(self, ready_by: float | None = None) -> None:
+        """Recover first if needed, within ``kafka_timeout_s`` (and by ``ready_by``, a ``time.monotonic()``).
+
+        A recovery that cannot finish in time (the broker is down) raises a
+        typed error and leaves the writer ``NEEDS_RECOVERY``: the next call
+        tries again, so the writer heals once the broker is back.
+        """
         if self._status is WriterState.FENCED:
             raise ProducerFencedError(
                 f"{self._tid!r} was taken over by another instance; call recover() only if that one is gone"
             )
         producer = self._producer
         if self._status is not WriterState.READY or producer is None or producer.state is not TxnState.READY:
-            self._recover(raise_on_heuristic=True, acknowledge=False)
+            deadline = self._kafka_deadline()
+            if ready_by is not None:
+                deadline = ready_by if deadline is None else min(deadline, ready_by)
+            self._recover(raise_on_heuristic=True, acknowledge=False, deadline=deadline)
+
+    def _recover_by(self, deadline: float | None) -> RecoveryResult:
+        """:meth:`recover` (``raise_on_heuristic=False``), every Kafka call ending by ``deadline`` (for the pool)."""
+        with self._exclusive():
+            return self._recover(raise_on_heuristic=False, acknowledge=False, deadline=deadline)
 
     def _require_producer(self) -> TwoPhaseCommitProducer:
         if self._producer is None:

@@ -237,7 +237,7 @@ def test_a_prepared_transaction_the_broker_aborted_is_a_heuristic_outcome(
         await first.produce(topic, value=b"expires")
         state = await first.prepare_transaction(30)
         async with AsyncTransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:
-            deadline = time.monotonic() + 40  # the coordinator looks for expired transactions every 10 s
+            deadline = time.monotonic() + 40  # the test broker looks for expired transactions every second
             while (info := await admin.describe_transaction(tid)) is not None and info.is_open:
                 assert time.monotonic() < deadline, "the broker did not abort the expired transaction"
                 await asyncio.sleep(0.5)

@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka2pc.cli._config import CommandConfigError, client_config, parse_jaas_credentials, read_properties
+from kafka2pc.cli._errors import CliFailure, ExitCode, classify
+from kafka2pc.cli._render import format_duration, parse_duration_ms
 
 from kafka2pc import (
     AuthorizationError,
@@ -19,9 +22,6 @@ from kafka2pc import (
     UnsupportedBrokerError,
 )
 from kafka2pc._control import kafka_python_config
-from kafka2pc.cli._config import CommandConfigError, client_config, parse_jaas_credentials, read_properties
-from kafka2pc.cli._errors import CliFailure, ExitCode, classify
-from kafka2pc.cli._render import format_duration, parse_duration_ms
 
 PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
 SCRAM = "org.apache.kafka.common.security.scram.ScramLoginModule"

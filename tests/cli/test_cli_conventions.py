@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import re
-import socket
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from harness.ports import closed_port
 from kafka2pc.cli._errors import ExitCode
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_errors_are_json_on_stdout_with_o_json(
@@ -34,7 +28,7 @@ def test_errors_are_json_on_stdout_with_o_json(
     documented_shape(usage.json(), "error")
     assert usage.json()["error"]["name"] == "USAGE"
 
-    address = f"127.0.0.1:{_closed_port()}"
+    address = f"127.0.0.1:{closed_port()}"
     down = run_kafka2pc("--timeout", "1", "list", "--bootstrap-server", address, "-ojson")
     assert down.returncode == ExitCode.UNREACHABLE
     documented_shape(down.json(), "error")

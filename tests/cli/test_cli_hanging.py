@@ -11,11 +11,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from kafka2pc.cli._errors import ExitCode
+
 from kafka2pc import TopicPartition
 from kafka2pc._control import ControlPlane
 from kafka2pc._hanging import judge
 from kafka2pc._types import ProducerState, TransactionDescription
-from kafka2pc.cli._errors import ExitCode
 from kafka2pc.testing import drain
 
 

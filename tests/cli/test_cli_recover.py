@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
-
 from kafka2pc.cli._errors import ExitCode
+
 from kafka2pc.testing import drain, end_offsets
 
 DDL = """

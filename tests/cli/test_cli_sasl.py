@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kafka2pc.cli._errors import ExitCode
+
 from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
 
 PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
@@ -77,13 +77,15 @@ def test_command_config_sasl_plain(
     sasl_bootstrap: str, tmp_path: Path, run_kafka2pc: Callable[..., Any]
 ) -> None:
     def run(config: str, *args: str) -> Any:
-        return run_kafka2pc("--bootstrap-server", sasl_bootstrap, "--command-config", config, "--timeout", "5", *args)
+        # --timeout bounds each Kafka call: the first transactional call on this fresh broker waits for
+        # __transaction_state to be created (tens of seconds on a loaded machine).
+        return run_kafka2pc("--bootstrap-server", sasl_bootstrap, "--command-config", config, "--timeout", "30", *args)
 
     admin = properties(tmp_path, "admin", "admin-secret", mechanism=False)  # PLAIN inferred from the module
     listed = run(admin, "list", "-o", "json")
     assert listed.returncode == 0 and listed.json() == {"version": 1, "transactions": []}, listed
     unknown = run(admin, "describe", "some-id")
-    assert unknown.returncode == ExitCode.NOT_FOUND, unknown  # authenticated and authorized: the coordinator answered
+    assert unknown.returncode == ExitCode.NOT_FOUND, str(unknown)  # authenticated and authorized: the coordinator answered
 
     alice = properties(tmp_path, "alice", "alice-secret", mechanism=True)
     denied = run(alice, "describe", "some-id")

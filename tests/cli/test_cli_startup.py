@@ -29,13 +29,15 @@ print(json.dumps({"codes": codes, "help": helps,
 
 def test_help_imports_no_heavy_module() -> None:
     args = [["--help"], ["list", "--help"], ["describe", "--help"], ["complete", "--help"],
-            ["force-terminate", "--help"], ["in-doubt", "--help"], ["recover", "--help"], ["--version"]]
+            ["force-terminate", "--help"], ["in-doubt", "--help"], ["recover", "--help"], ["stats", "--help"],
+            ["pending-offsets", "--help"], ["find-hanging", "--help"], ["--version"]]
     code = _PROBE.replace("ARGS", repr(args)).replace("HEAVY", repr(HEAVY))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["codes"] == [0] * len(args)
-    for command in ("list", "describe", "complete", "force-terminate", "in-doubt", "recover"):
+    for command in ("list", "describe", "complete", "force-terminate", "in-doubt", "recover", "stats",
+                    "pending-offsets"):
         assert command in result["help"]
     assert result["heavy"] == [], f"--help imported {result['heavy']}"
 

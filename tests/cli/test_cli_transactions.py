@@ -13,10 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kafka2pc.cli._errors import ExitCode
 
 from kafka2pc import ProducerFencedError
 from kafka2pc._control import ControlPlane
-from kafka2pc.cli._errors import ExitCode
 from kafka2pc.testing import drain, end_offsets
 from kafka2pc.testing.broker import LocalKafka, fetch_kafka_tools
 

@@ -17,18 +17,16 @@ measured time-to-error.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
-from pathlib import Path
+from contextlib import suppress
 from typing import Any
 
 import pytest
+from harness.brokers import frozen
+from harness.ports import closed_port, private_broker
 
 from kafka2pc import (
     BrokerUnavailableError,
@@ -43,29 +41,10 @@ from kafka2pc._control import DEFAULT_TIMEOUT_S, ControlPlane
 from kafka2pc._types import TopicPartition
 from kafka2pc.aio import AsyncTransactionAdmin
 from kafka2pc.testing import create_topic
-from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
+from kafka2pc.testing.broker import LocalKafka
 
 SLACK_S = 1.5
 """The documented slack: a call given ``timeout`` raises by ``timeout + SLACK_S``."""
-
-
-def _closed(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) != 0
-
-
-def closed_port() -> int:
-    for port in range(port_base() + 1999, port_base() + 1900, -1):
-        if _closed(port):
-            return port
-    pytest.fail("no closed port in this checkout's block")
-
-
-def free_base_port(first: int, last: int) -> int:
-    for base in range(port_base() + first, port_base() + last, 10):
-        if _closed(base) and _closed(base + 1):
-            return base
-    pytest.fail("no free ports for the private broker")
 
 
 def bounded(
@@ -186,45 +165,8 @@ def test_transaction_admin_facade_methods_against_unreachable_bootstrap(unreacha
 @pytest.fixture(scope="module")
 def private_kafka() -> Iterator[LocalKafka]:
     """A one-node broker only this module uses (it gets frozen and killed); wiped afterwards."""
-    base = free_base_port(1400, 1600)
-    kafka = LocalKafka(base_port=base, name=f"control-timeouts-{base}-{os.getpid()}")  # never shared
-    try:
-        kafka.start()
-    except BrokerError as exc:
-        kafka.wipe()
-        pytest.fail(f"could not start the private broker: {exc}", pytrace=False)
-    try:
+    with private_broker("control/test_timeouts") as kafka:
         yield kafka
-    finally:
-        kafka.wipe()
-
-
-@contextmanager
-def frozen(kafka: LocalKafka) -> Iterator[None]:
-    """SIGSTOP the broker's JVM for the duration of the block, then SIGCONT it."""
-    pid = kafka.nodes[0].pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        wait_until_stopped(pid)
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
-
-
-def wait_until_stopped(pid: int, timeout_s: float = 10.0) -> None:
-    """Wait until every thread of ``pid`` is stopped: ``kill`` returns before a busy JVM's threads halt."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        states = []
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-            except (OSError, IndexError):
-                continue  # the thread ended meanwhile
-        if states and all(state in ("T", "t") for state in states):
-            return
-        time.sleep(0.01)
-    pytest.fail(f"broker process {pid} did not stop within {timeout_s} s of SIGSTOP")
 
 
 def prepared_transaction(bootstrap: str) -> tuple[str, Any, TwoPhaseCommitProducer]:

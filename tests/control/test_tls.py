@@ -12,7 +12,6 @@ from the producer, from :class:`TransactionAdmin` and from the CLI.
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -25,12 +24,14 @@ import pytest
 from _tls import Pki, make_pki, tls_broker
 from confluent_kafka.admin import (
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
     ResourcePatternType,
     ResourceType,
 )
+from harness.ports import OTHER_RANGES, is_closed, started
 
 from kafka2pc import (
     AuthorizationError,
@@ -41,15 +42,11 @@ from kafka2pc import (
 )
 from kafka2pc._control import ControlPlane
 from kafka2pc.testing import create_topic, drain
-from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
+from kafka2pc.testing.broker import LocalKafka, port_base
 
 PREFIX = "tls-"
+FIRST, END = OTHER_RANGES["control/test_tls broker, 4 ports (searches)"]
 APP, NO_TXN_WRITE, NO_CLUSTER = "app", "no-txn-write", "no-cluster"
-
-
-def _closed(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
 @pytest.fixture(scope="module")
@@ -60,22 +57,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 @pytest.fixture(scope="module")
 def tls_kafka(pki: Pki) -> Iterator[LocalKafka]:
     base = next(
-        (b for b in range(port_base() + 1600, port_base() + 1800, 10) if all(_closed(b + i) for i in range(4))),
+        (b for b in range(port_base() + FIRST, port_base() + END, 10) if all(is_closed(b + i) for i in range(4))),
         None,
     )
     if base is None:
         pytest.fail("no free ports for the TLS broker")
-    kafka = tls_broker(pki, base, super_users=[])
-    try:
-        kafka.start()
-    except BrokerError as exc:
-        kafka.wipe()
-        pytest.fail(f"could not start the TLS broker: {exc}", pytrace=False)
-    try:
+    with started(tls_broker(pki, base, super_users=[]), "the TLS broker") as kafka:
         grant_acls(kafka.bootstrap_servers)
         yield kafka
-    finally:
-        kafka.wipe()
 
 
 def _allow(principal: str, resource: ResourceType, name: str, pattern: ResourcePatternType,
@@ -103,7 +92,19 @@ def grant_acls(plaintext_bootstrap: str) -> None:
     admin = AdminClient({"bootstrap.servers": plaintext_bootstrap})
     for future in admin.create_acls(bindings).values():
         future.result(30)
-    time.sleep(1.0)  # ACLs reach the authorizer through the metadata log
+    # ACLs reach the broker's authorizer through the metadata log; DescribeAcls reads that authorizer.
+    every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                             AclPermissionType.ANY)
+    wanted = {_acl_key(b) for b in bindings}
+    deadline = time.monotonic() + 30
+    while not wanted <= {_acl_key(b) for b in admin.describe_acls(every).result(30)}:
+        assert time.monotonic() < deadline, "the broker's authorizer did not have the ACLs after 30 s"
+        time.sleep(0.05)
+
+
+def _acl_key(binding: AclBinding) -> tuple[object, ...]:
+    return (binding.restype, binding.name, binding.resource_pattern_type, binding.principal, binding.host,
+            binding.operation, binding.permission_type)
 
 
 def ssl_config(kafka: LocalKafka, pki: Pki) -> dict[str, Any]:

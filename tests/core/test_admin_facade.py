@@ -8,7 +8,10 @@ the third (a stray: ``settle_open`` aborts and fences it).  What the
 
 from __future__ import annotations
 
+import logging
 import uuid
+
+import pytest
 
 from kafka2pc import (
     Decision,
@@ -82,3 +85,29 @@ def test_settle_many_settle_open_and_outcomes_agree_with_the_consumer(kafka_boot
         stray.close(5)
     values = sorted(r.value for r in drain(kafka_bootstrap, topic, "read_committed") if r.value != b"")
     assert values == [b"first", b"second"]
+
+
+def test_force_terminate_warns_only_when_it_ended_an_open_transaction(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A routine fence of an id with nothing open is one INFO line; WARNING is for an Ongoing one aborted."""
+    topic = create_topic(kafka_bootstrap)
+    tid = f"k2pc-fence-log-{uuid.uuid4().hex[:8]}"
+    producer = TwoPhaseCommitProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"open")
+    producer.flush(30)
+    with TransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin, \
+            caplog.at_level(logging.INFO, logger="kafka2pc._admin"):
+        before = admin.force_terminate_transaction(tid)
+        assert before is not None and before.state == "Ongoing"
+        ended = [r for r in caplog.records if r.name == "kafka2pc._admin"]
+        assert [r.levelno for r in ended] == [logging.WARNING] and "aborted its open transaction" in ended[0].message
+        caplog.clear()
+        again = admin.force_terminate_transaction(tid, timeout=30)
+        assert again is not None and again.state != "Ongoing"
+        routine = [r for r in caplog.records if r.name == "kafka2pc._admin"]
+        assert [r.levelno for r in routine] == [logging.INFO] and "nothing was open" in routine[0].message
+    producer.close()
+    assert drain(kafka_bootstrap, topic, "read_committed") == []

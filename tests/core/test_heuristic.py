@@ -36,7 +36,7 @@ def test_prepared_transaction_aborted_by_its_timeout_is_a_heuristic_outcome(
     state = s.stored_state()
 
     with TransactionAdmin({"bootstrap.servers": s.bootstrap}) as admin:
-        # The coordinator looks for expired transactions every 10 s (broker default).
+        # The coordinator looks for expired transactions every second (the test broker's setting).
         deadline = time.monotonic() + 40
         while (info := admin.describe_transaction(s.transactional_id)) is not None and info.is_open:
             assert time.monotonic() < deadline, "the broker did not abort the expired transaction"

@@ -1,21 +1,20 @@
 """Indefinite outcomes: a commit or EndTxn that got no answer, on a broker that really stops answering.
 
 The shared broker must not be disturbed, so this module starts a private
-one-node 4.3.1 broker (port_base() + 300), freezes its JVM with SIGSTOP for a few
+one-node broker (``harness.ports``), freezes its JVM with SIGSTOP for a few
 seconds while a commit is in flight, and wipes it afterwards.  Nothing here
 patches the client libraries: the timeouts are the real ones.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
+from harness.brokers import frozen
+from harness.ports import private_broker
 
 from kafka2pc import (
     IllegalStateError,
@@ -28,30 +27,14 @@ from kafka2pc import (
 )
 from kafka2pc._control import ControlPlane
 from kafka2pc.testing import create_topic, drain, end_offsets
-from kafka2pc.testing.broker import LocalKafka, port_base
-
-PRIVATE_PORT = port_base() + 300
+from kafka2pc.testing.broker import LocalKafka
 
 
 @pytest.fixture(scope="module")
 def private_kafka() -> Iterator[LocalKafka]:
     """A one-node broker only this module uses (it gets frozen); wiped afterwards."""
-    kafka = LocalKafka.up(base_port=PRIVATE_PORT)
-    try:
+    with private_broker("core/test_indefinite") as kafka:
         yield kafka
-    finally:
-        kafka.wipe()
-
-
-@contextmanager
-def frozen(kafka: LocalKafka) -> Iterator[None]:
-    """SIGSTOP the broker's JVM for the duration of the block, then SIGCONT it."""
-    pid = kafka.nodes[0].pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
 
 
 def visible(bootstrap: str, topic: str) -> list[bytes]:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from harness import ports
 
 from kafka2pc import (
     BrokerUnavailableError,
@@ -23,13 +24,13 @@ from kafka2pc import (
 )
 from kafka2pc._producer import DEFAULT_TIMEOUT_S, TIMEOUT_SLACK_S
 from kafka2pc.testing import create_topic
-from kafka2pc.testing.broker import LocalKafka, port_base
+from kafka2pc.testing.broker import LocalKafka
 
 TIMEOUT = 3.0
 
 
 def closed_port() -> str:
-    return f"127.0.0.1:{port_base() + 1999}"  # nothing listens there: the broker blocks use base+92.. and +1092..
+    return f"127.0.0.1:{ports.closed_port()}"  # nothing listens there
 
 
 def test_default_bound_is_finite_and_below_the_transaction_timeout() -> None:
@@ -51,10 +52,8 @@ def test_init_transactions_against_an_unreachable_cluster_ends_within_its_timeou
 
 @pytest.fixture(scope="module")
 def private_kafka() -> Iterator[LocalKafka]:
-    kafka = LocalKafka(base_port=port_base() + 520, name=f"core-timeouts-{port_base() + 520}")
-    kafka.start()
-    yield kafka
-    kafka.stop(kill=True)
+    with ports.private_broker("core/test_producer_timeouts") as kafka:
+        yield kafka
 
 
 @pytest.fixture

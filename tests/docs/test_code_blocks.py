@@ -18,6 +18,9 @@ The convention (also in README.md, "Developing"):
   PostgreSQL and MariaDB.  The topic ``orders`` exists (README.md's first example
   creates it; every page may assume it).
 
+Each Python block of README.md also stands on its own (it defines every name it uses), since a
+reader may paste just one.
+
 New pages are picked up automatically.
 """
 
@@ -205,3 +208,32 @@ def test_the_parser_reads_markers_and_fences(tmp_path: Path) -> None:
         ("", 19, False, None),
     ]
     assert found[2].source == "echo hi\n"
+
+
+def _names_used_but_not_defined(source: str) -> set[str]:
+    """Names a block reads that neither it nor the builtins define (a rough, scope-blind reading)."""
+    import ast
+    import builtins
+
+    tree = ast.parse(source)
+    defined = set(dir(builtins))
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (used if isinstance(node.ctx, ast.Load) else defined).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+        elif isinstance(node, ast.alias):
+            defined.add((node.asname or node.name).split(".")[0])
+    return used - defined
+
+
+def test_each_readme_python_block_runs_on_its_own() -> None:
+    """A reader may paste any one block of the README: each defines what it uses (``bootstrap``...)."""
+    problems = [f"{b.path}:{b.line}: uses {sorted(missing)} without defining them"
+                for b in blocks_of(ROOT / "README.md") if b.runs and b.kind == "python"
+                if (missing := _names_used_but_not_defined(b.source))]
+    assert not problems, "\n".join(problems)
+    assert _names_used_but_not_defined("import os\nx = os.environ\nprint(bootstrap)\n") == {"bootstrap"}

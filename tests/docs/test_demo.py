@@ -1,8 +1,9 @@
 """The README's demo (``./scripts/demo.sh`` runs ``examples/order_service.py``), against the session's broker.
 
 Killed between "DB committed" and "Kafka committed", restarted: recovery commits exactly the
-transaction the database committed, the final check passes, and librdkafka writes no raw
-``%N|...|FACILITY|`` line to stderr (its logs go through ``logging``).
+transaction the database committed, the final check passes, librdkafka writes no raw
+``%N|...|FACILITY|`` line to stderr (its logs go through ``logging``), no line of the output is a
+warning, and the demo's temporary folder is gone afterwards.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_demo_is_killed_recovers_the_right_transaction_and_prints_no_raw_librdkafka_line(
+def test_demo_is_killed_recovers_the_right_transaction_prints_no_warning_and_cleans_up(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, TMPDIR=str(tmp_path))
@@ -34,3 +35,7 @@ def test_demo_is_killed_recovers_the_right_transaction_and_prints_no_raw_librdka
     assert "CONSISTENT: every order has exactly one event and vice versa" in output
     raw = [line for line in output.splitlines() if re.match(r"%\d+\|", line)]
     assert not raw, f"raw librdkafka lines on the terminal: {raw}"
+    warnings = [line for line in output.splitlines() if re.search(r"warn", line, re.IGNORECASE)]
+    assert len(warnings) == 0, f"{len(warnings)} warning line(s) in the demo's output: {warnings}"
+    assert f"export KAFKA_BOOTSTRAP_SERVERS={kafka_bootstrap}" in output, output  # how to point the examples at it
+    assert not list(tmp_path.glob("kafka2pc-demo-*")), "the demo left its temporary folder behind"

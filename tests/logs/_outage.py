@@ -1,7 +1,7 @@
 """Run ``_log_child.py`` through a normal start and a broker outage; count what it logged.
 
 Imported by the tests as ``_outage``; also a script, to measure another
-checkout: ``python tests/logs/_outage.py [--pythonpath DIR] [--outage-s 60]``.
+checkout: ``PYTHONPATH=tests python tests/logs/_outage.py [--pythonpath DIR] [--outage-s 60]``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kafka2pc.testing import create_topic
-from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
+from kafka2pc.testing.broker import BrokerError, LocalKafka
 
 CHILD = Path(__file__).with_name("_log_child.py")
-PRIVATE_PORT_OFFSET = 600
-"""The outage broker listens at ``$KAFKA2PC_PORT_BASE + 600`` (the shared test broker is at +92)."""
 
 
 @dataclass
@@ -52,11 +50,6 @@ class OutageRun:
     records: Counter[str]
     committed_before: int
     committed_after: int
-
-
-def private_kafka() -> LocalKafka:
-    """A one-node cluster of its own, which the outage may stop without disturbing other tests."""
-    return LocalKafka.up(base_port=port_base() + PRIVATE_PORT_OFFSET)
 
 
 def _pump(stream: object, sink: queue.Queue[str | None]) -> None:
@@ -165,7 +158,10 @@ def main() -> None:
     parser.add_argument("--pythonpath", help="import kafka2pc from this checkout")
     parser.add_argument("--outage-s", type=float, default=60.0)
     args = parser.parse_args()
-    run = run_outage(private_kafka(), outage_s=args.outage_s, pythonpath=args.pythonpath)
+    from harness.ports import private_broker
+
+    with private_broker("logs/outage") as kafka:
+        run = run_outage(kafka, outage_s=args.outage_s, pythonpath=args.pythonpath)
     for name, counts in run.phases.items():
         print(f"{name}: {counts.total} stderr lines ({counts.raw_librdkafka} raw librdkafka, "
               f"{counts.log_lines} logging WARNING+, {counts.other} other)")

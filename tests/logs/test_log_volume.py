@@ -14,16 +14,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from _outage import private_kafka, run_outage
+from _outage import run_outage
+from harness.ports import private_broker
 
 from kafka2pc.testing.broker import LocalKafka
 
 
 @pytest.fixture(scope="module")
 def outage_kafka() -> Iterator[LocalKafka]:
-    kafka = private_kafka()
-    yield kafka
-    kafka.stop()
+    with private_broker("logs/outage") as kafka:
+        yield kafka
 
 
 def test_a_normal_start_logs_nothing_and_an_outage_one_line_per_condition(outage_kafka: LocalKafka) -> None:

@@ -24,9 +24,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _dw_crash import Zygote, _append, _kill_self, items_table, session_name  # noqa: E402
+from _dw_crash import Zygote, _append, _kill_self, items_table, session_name  # its directory is on sys.path
 
 
 def async_url(url: str) -> str:

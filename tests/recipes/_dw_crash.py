@@ -49,7 +49,7 @@ def check_consistency(engine: sa.Engine, bootstrap: str, topic: str, series: str
     """
     from collections import Counter
 
-    from kafka2pc.testing import drain, end_offsets
+    from kafka2pc.testing import drain, end_offsets, settled_end_offsets
 
     items = items_table(sa.MetaData())
     with engine.connect() as conn:
@@ -65,7 +65,7 @@ def check_consistency(engine: sa.Engine, bootstrap: str, topic: str, series: str
     phantom = sorted(set(records) - rows)
     if phantom:
         problems.append(f"records without a committed row: {phantom[:5]} ({len(phantom)})")
-    rc, ru = end_offsets(bootstrap, topic, "read_committed"), end_offsets(bootstrap, topic, "read_uncommitted")
+    rc, ru = settled_end_offsets(bootstrap, topic), end_offsets(bootstrap, topic, "read_uncommitted")
     if rc != ru:
         problems.append(f"transaction left hanging: read_committed end {rc} != read_uncommitted end {ru}")
     return len(rows), sum(records.values()), problems

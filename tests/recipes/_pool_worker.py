@@ -9,6 +9,8 @@ appended too.  The parent kills the process (SIGKILL), pauses it
 
 Fault points (``on_step``): ``kill_at`` kills the process at that step of
 the ``after``-th transaction; ``stop_at`` stops it there (SIGSTOP) once;
+``fault_when_open`` makes either wait until the transaction's records are on
+the broker (only one transaction may be open: one thread, not pipelined);
 ``park_at`` makes every thread block forever at that step (the recovery
 benchmark leaves many ids in doubt this way, then kills the process).
 """
@@ -26,9 +28,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _dw_crash import items_table  # noqa: E402
+from _dw_crash import items_table  # run as a script: its directory is on sys.path
 
 
 def _append(path: str, record: dict[str, Any]) -> None:
@@ -73,17 +73,24 @@ def main(job: dict[str, Any]) -> None:
                     return
                 fault["fired"] = True
             if job.get("kill_within_s") is not None:
-                # Kill from another thread a moment later: the pipelined Kafka commit of this
-                # transaction (handed off right after this step) is in flight when the kill lands.
+                # Kill from another thread a moment later, once a pipelined Kafka commit (this
+                # transaction's is handed off right after this step) is in flight: within
+                # ``in_flight_wait_s`` it is; the record says how many were when the kill was sent.
                 def later() -> None:
+                    deadline = time.monotonic() + job.get("in_flight_wait_s", 0.0)
+                    while pool.metrics().commits_in_flight == 0 and time.monotonic() < deadline:
+                        time.sleep(0.0001)
                     _append(results, {"worker": job["worker"], "fault": "timer", "step": step.value,
                                       "in_flight": pool.metrics().commits_in_flight, "t": time.time()})
                     os.kill(os.getpid(), signal.SIGKILL)
 
                 threading.Timer(rng.uniform(0.0, job["kill_within_s"]), later).start()
                 return
-            if job.get("fault_delay_s"):
-                time.sleep(job["fault_delay_s"])  # e.g. let librdkafka send the records: the transaction is Ongoing
+            if job.get("fault_when_open"):
+                # Once librdkafka sent the records: the transaction is Ongoing at the broker.
+                from kafka2pc.testing import wait_for_open_records
+
+                wait_for_open_records(job["bootstrap"], job["topic"])
             _append(results, {"worker": job["worker"], "fault": key, "step": step.value, "pid": os.getpid(),
                               "rid": getattr(current, "rid", None), "t": time.time()})
             if key == "kill_at":

@@ -12,8 +12,9 @@ requires, and at the end every committed row has exactly one
 The last recovery of each series is the sync writer's: the two read and
 settle each other's state rows.
 
-``KAFKA2PC_AIO_CRASH_RUNS`` children per (step, database): 3 by default
-(CI), 20 for the full run.
+``KAFKA2PC_AIO_CRASH_RUNS`` children per (step, database): 4 by default,
+one per (killed transaction: first or after a commit) x (``AsyncConnection``
+or ``AsyncSession``), 20 for the full run.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pytest
 import test_dual_write_crash as matrix
 from _adw_crash import AsyncZygote
 
-RUNS = int(os.environ.get("KAFKA2PC_AIO_CRASH_RUNS", "3"))
+RUNS = int(os.environ.get("KAFKA2PC_AIO_CRASH_RUNS", str(len(matrix.COMBINATIONS))))
 
 
 @pytest.fixture
@@ -50,6 +51,7 @@ def test_async_crash_matrix_at_every_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(matrix, "RUNS", RUNS)
+    monkeypatch.setattr(matrix, "RACE_RUNS", RUNS)
     pg_url = matrix._server_url(request, db_kind)
     points = list(matrix.EXPECTED)
     reports = matrix._run_matrix(
@@ -59,9 +61,7 @@ def test_async_crash_matrix_at_every_step(
     matrix._print(reports)
     failures = [f"{r.point}/{r.db}: {f}" for r in reports for f in r.failures]
     assert not failures, "\n".join(failures)
-    for r in reports:
-        assert r.runs == RUNS
-        assert r.rows > 0 and r.rows == r.records
+    matrix.check_reports(reports)
     committed = {r.point: r.db_committed for r in reports}
     assert committed["db_committed"] == committed["kafka_committed"] == RUNS  # the decision point
     assert committed["state_stored"] == committed["prepared"] == 0
@@ -72,6 +72,4 @@ def test_async_recovery_killed_at_every_step_is_finished_by_the_next(
     db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, async_zygote: AsyncZygote, tmp_path: Path,
 ) -> None:
     """The recovery's own steps (locked, claimed, settled) and timed kills inside it, with async children."""
-    matrix.test_kill_during_recovery_then_recover_again(
-        db_kind, request, kafka_bootstrap, async_zygote, tmp_path  # type: ignore[arg-type]
-    )
+    matrix.run_recovery_kills(db_kind, request, kafka_bootstrap, async_zygote, tmp_path)

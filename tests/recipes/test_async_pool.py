@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 import pytest  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
 from _adw_crash import async_url  # noqa: E402

@@ -24,7 +24,7 @@ from kafka2pc.recipes.dual_write import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from kafka2pc import InvalidPreparedStateError, Kafka2pcError, ProducerFencedError
+from kafka2pc import InvalidPreparedStateError, Kafka2pcError, ProducerFencedError, TransactionalIdMismatchError
 from kafka2pc.testing import create_topic, drain
 
 
@@ -268,17 +268,35 @@ def test_lock_contention_in_recover_is_a_typed_error(env: Env, any_db_url: str) 
     impatient.dispose()
 
 
-def test_a_malformed_stored_state_names_the_transactional_id(env: Env) -> None:
+@pytest.mark.parametrize("stored", ["malformed", "another id's"])
+def test_recover_refuses_a_bad_stored_state_and_changes_nothing(env: Env, stored: str) -> None:
+    """A malformed state, or a valid one written under another transactional id, is refused before the
+    claim commits: the row is exactly as it was (no version bump that would fence a live writer)."""
     writer = env.writer()
     writer.recover()
+    value = "not-a-state"
+    if stored == "another id's":
+        other = env.writer(f"dw-other-{env.series}")
+        with env.engine.connect() as conn, other.transaction(conn) as tx:
+            env.write(conn, tx, "other-1")
+        other.close()
+        with env.engine.connect() as conn:
+            value = conn.execute(sa.select(env.states.c.prepared_txn_state)
+                                 .where(env.states.c.transactional_id == other.transactional_id)).scalar_one()
+    where = env.states.c.transactional_id == writer.transactional_id
     with env.engine.begin() as conn:
-        conn.execute(sa.update(env.states).where(env.states.c.transactional_id == writer.transactional_id)
-                     .values(prepared_txn_state="not-a-state"))
-    with pytest.raises(InvalidPreparedStateError, match=writer.transactional_id):
+        conn.execute(sa.update(env.states).where(where).values(prepared_txn_state=value))
+    with env.engine.connect() as conn:
+        before = conn.execute(sa.select(env.states).where(where)).one()
+    error = InvalidPreparedStateError if stored == "malformed" else TransactionalIdMismatchError
+    with pytest.raises(error, match=writer.transactional_id if stored == "malformed" else "another"):
         writer.recover()
+    with env.engine.connect() as conn:
+        assert conn.execute(sa.select(env.states).where(where)).one() == before
+    assert writer.producer is None  # no producer made: nothing fenced in Kafka either
     writer.close()
     with env.engine.begin() as conn:  # an operator's repair; the database is shared by the session's tests
-        conn.execute(sa.delete(env.states).where(env.states.c.transactional_id == writer.transactional_id))
+        conn.execute(sa.delete(env.states).where(where))
 
 
 def test_a_writer_taken_over_between_transactions_sees_producer_fenced(env: Env) -> None:

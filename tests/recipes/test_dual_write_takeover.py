@@ -19,16 +19,21 @@ transaction visible), and nothing is left hanging (``read_committed`` end
 offset == ``read_uncommitted`` end offset).
 
 ``KAFKA2PC_TAKEOVER_RUNS`` (default 10) runs per cell in the full matrix
-(marked slow; ``KAFKA2PC_TAKEOVER_STEPS`` narrows the writer steps); the
-bounded test (issue 11's first bug: A stopped after its prepare, B killed
-after settling Kafka, with and without ``retain_records``) runs always,
+(marker ``campaign``; ``KAFKA2PC_TAKEOVER_STEPS`` narrows the writer steps).
+Always run: a sample with one run of every (writer step x recovery step)
+cell, its database, ``retain_records`` and A's fate drawn with
+``KAFKA2PC_TAKEOVER_SEED`` so that every combination of those occurs; and
+the bounded test (A stopped after its prepare, B killed after settling
+Kafka, with and without ``retain_records``),
 ``KAFKA2PC_TAKEOVER_BOUNDED_RUNS`` (default 3) runs per cell.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import signal
 import threading
 import time
@@ -50,6 +55,8 @@ from kafka2pc.testing import create_topic
 RUNS = int(os.environ.get("KAFKA2PC_TAKEOVER_RUNS", "10"))
 BOUNDED_RUNS = int(os.environ.get("KAFKA2PC_TAKEOVER_BOUNDED_RUNS", "3"))
 PAIRS = int(os.environ.get("KAFKA2PC_TAKEOVER_PARALLEL", "2"))
+SAMPLE_SEED = int(os.environ.get("KAFKA2PC_TAKEOVER_SEED", "939"))
+DATABASES = ["postgresql", "sqlite", "mariadb"]
 
 WRITER_STEPS = ["db_begun", "kafka_begun", "produced", "body_done", "prepared", "state_stored",
                 "db_committing", "db_committed"]
@@ -155,13 +162,23 @@ def run_cell(cell: Cell, a_zygote: Zygote, b_zygote: Zygote, url: str, bootstrap
     return cell
 
 
-@pytest.fixture
-def zygote_pairs(tmp_path: Path) -> Iterator[list[tuple[Zygote, Zygote]]]:
-    pairs = [(Zygote(tmp_path / f"a-{i}.log"), Zygote(tmp_path / f"b-{i}.log")) for i in range(PAIRS)]
+def _zygote_pairs(tmp_path: Path, n: int) -> Iterator[list[tuple[Zygote, Zygote]]]:
+    pairs = [(Zygote(tmp_path / f"a-{i}.log"), Zygote(tmp_path / f"b-{i}.log")) for i in range(n)]
     yield pairs
     for a, b in pairs:
         a.close()
         b.close()
+
+
+@pytest.fixture
+def zygote_pairs(tmp_path: Path) -> Iterator[list[tuple[Zygote, Zygote]]]:
+    yield from _zygote_pairs(tmp_path, PAIRS)
+
+
+@pytest.fixture
+def sample_pairs(tmp_path: Path) -> Iterator[list[tuple[Zygote, Zygote]]]:
+    """Twice as many pairs for the sample: its runs mostly wait (a stopped writer, a locked state row)."""
+    yield from _zygote_pairs(tmp_path, 2 * PAIRS)
 
 
 def _server_url(request: pytest.FixtureRequest, db: str) -> str:
@@ -169,23 +186,25 @@ def _server_url(request: pytest.FixtureRequest, db: str) -> str:
     return str(request.getfixturevalue(fixture)) if fixture else ""
 
 
-def _url(db: str, pg_url: str, tmp_path: Path, cell: Cell) -> str:
-    if db != "sqlite":
-        return pg_url  # the server database's URL (PostgreSQL or MariaDB)
+def _url(servers: dict[str, str], tmp_path: Path, cell: Cell) -> str:
+    if cell.db != "sqlite":
+        return servers[cell.db]  # the server database's URL (PostgreSQL or MariaDB)
     return f"sqlite:///{tmp_path / (cell.name.replace('/', '_') + '.db')}"
 
 
-def _run(cells: list[Cell], pairs: list[tuple[Zygote, Zygote]], pg_url: str, bootstrap: str, tmp_path: Path) -> None:
+def _run(
+    cells: list[Cell], pairs: list[tuple[Zygote, Zygote]], servers: dict[str, str], bootstrap: str, tmp_path: Path
+) -> None:
     free = list(pairs)
     lock = threading.Lock()
-    for url in {_url(c.db, pg_url, tmp_path, c) for c in cells}:
+    for url in {_url(servers, tmp_path, c) for c in cells}:
         _prepare(url).dispose()  # before the threads: concurrent CREATE TABLEs of one database collide
 
     def one(cell: Cell) -> Cell:
         with lock:
             pair = free.pop()
         try:
-            url = _url(cell.db, pg_url, tmp_path, cell)
+            url = _url(servers, tmp_path, cell)
             return run_cell(cell, pair[0], pair[1], url, bootstrap, tmp_path)
         finally:
             with lock:
@@ -208,31 +227,55 @@ def _cells(db: str, writer_steps: list[str], recovery_steps: list[str]) -> list[
             for retain in (False, True) for fate in ("cont", "kill")]
 
 
-@pytest.mark.parametrize("db", ["postgresql", "sqlite", "mariadb"])
+@pytest.mark.parametrize("db", DATABASES)
 def test_takeover_of_a_stopped_writer_bounded(
     db: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygote_pairs: list[tuple[Zygote, Zygote]],
     tmp_path: Path,
 ) -> None:
     """The cells of issue 11's first bug (A stopped after its prepare, B killed after settling Kafka)."""
-    pg_url = _server_url(request, db)
     cells = [Cell(db, "prepared", "recovery_settled", retain, "cont", BOUNDED_RUNS) for retain in (False, True)]
-    _run(cells, zygote_pairs, pg_url, kafka_bootstrap, tmp_path)
+    _run(cells, zygote_pairs, {db: _server_url(request, db)}, kafka_bootstrap, tmp_path)
+
+
+def sample_cells(seed: int) -> list[Cell]:
+    """One run of every (writer step x recovery step) cell; database, retain and A's fate drawn from ``seed``.
+
+    The draws go round every (database x retain x fate) combination, so each
+    of them occurs too (32 cells over 12 combinations).
+    """
+    rng = random.Random(seed)
+    pairs = [(w, r) for w in WRITER_STEPS for r in RECOVERY_STEPS]
+    variants = [(db, retain, fate) for db in DATABASES for retain in (False, True) for fate in ("cont", "kill")]
+    rng.shuffle(pairs)
+    rng.shuffle(variants)
+    return [Cell(db, w, r, retain, fate, 1) for (w, r), (db, retain, fate) in zip(pairs, itertools.cycle(variants))]
+
+
+def test_sample_of_every_takeover_cell(
+    request: pytest.FixtureRequest, kafka_bootstrap: str, sample_pairs: list[tuple[Zygote, Zygote]], tmp_path: Path,
+) -> None:
+    """The campaign's cells, one run each (seeded by ``KAFKA2PC_TAKEOVER_SEED``)."""
+    cells = sample_cells(SAMPLE_SEED)
+    print(f"\ntakeover sample, KAFKA2PC_TAKEOVER_SEED={SAMPLE_SEED}")
+    assert {(c.writer_step, c.recovery_step) for c in cells} == {(w, r) for w in WRITER_STEPS for r in RECOVERY_STEPS}
+    assert len({(c.db, c.retain, c.a_fate) for c in cells}) == 2 * 2 * len(DATABASES)
+    servers = {db: _server_url(request, db) for db in DATABASES if db != "sqlite"}
+    _run(cells, sample_pairs, servers, kafka_bootstrap, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.campaign
 @pytest.mark.timeout(4 * 3600)  # 64 cells x RUNS runs; the ini's 15 minutes bound ordinary tests
 @pytest.mark.parametrize("retain", [False, True], ids=["plain", "retain"])
-@pytest.mark.parametrize("db", ["postgresql", "sqlite", "mariadb"])
+@pytest.mark.parametrize("db", DATABASES)
 def test_takeover_matrix(
     db: str, retain: bool, request: pytest.FixtureRequest, kafka_bootstrap: str,
     zygote_pairs: list[tuple[Zygote, Zygote]], tmp_path: Path,
 ) -> None:
     """Every (writer step x recovery step x SIGCONT/SIGKILL) cell, RUNS runs each."""
-    pg_url = _server_url(request, db)
     steps = os.environ.get("KAFKA2PC_TAKEOVER_STEPS")
     writer_steps = steps.split(",") if steps else WRITER_STEPS
     recovery = os.environ.get("KAFKA2PC_TAKEOVER_RECOVERY_STEPS")
     cells = [c for c in _cells(db, writer_steps, recovery.split(",") if recovery else RECOVERY_STEPS)
              if c.retain is retain]
-    _run(cells, zygote_pairs, pg_url, kafka_bootstrap, tmp_path)
+    _run(cells, zygote_pairs, {db: _server_url(request, db)}, kafka_bootstrap, tmp_path)

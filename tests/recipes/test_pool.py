@@ -21,7 +21,7 @@ from kafka2pc.recipes.dual_write import (
 )
 
 from kafka2pc import ProducerFencedError, TransactionAdmin, UsageError
-from kafka2pc.testing import create_topic
+from kafka2pc.testing import create_topic, wait_for_open_records
 
 WORKER = Path(__file__).with_name("_pool_worker.py")
 
@@ -167,7 +167,7 @@ def _orphan(engine_url: str, bootstrap: str, topic: str, prefix: str, step: str,
     job = {
         "db_url": engine_url, "bootstrap": bootstrap, "prefix": prefix, "size": size, "threads": 1,
         "lease_s": lease_s, "topic": topic, "series": prefix, "worker": "dead", "results": str(results),
-        "kill_at": step, "after": 1, "fault_delay_s": 0.5 if step == "produced" else 0,
+        "kill_at": step, "after": 1, "fault_when_open": step == "produced",
     }
     proc = subprocess.run([sys.executable, str(WORKER), json.dumps(job)], timeout=120, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr[-3000:]
@@ -284,7 +284,8 @@ def test_an_operator_force_terminating_a_live_transaction(
     def hook(at: Step) -> None:
         if armed and at.value == step:
             tid = armed.pop("tid")
-            time.sleep(0.3 if step == "produced" else 0)  # the record reaches the broker: Ongoing
+            if step == "produced":  # the record reaches the broker: Ongoing
+                wait_for_open_records(kafka_bootstrap, topic)
             admin.force_terminate_transaction(tid)
 
     pool = WriterPool(engine, config, prefix=prefix, size=2, max_slots=1, lease_s=2, on_step=hook,

@@ -24,9 +24,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
@@ -55,6 +56,17 @@ def _engine(url: str) -> sa.Engine:
     return engine
 
 
+@pytest.fixture(autouse=True)
+def kill_leftover_instances() -> Iterator[None]:
+    """No worker process outlives its test, even a failed one (it would go on writing and load the machine)."""
+    yield
+    while Cluster.live:
+        for proc in Cluster.live.pop().procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
 @dataclass
 class Cluster:
     """The instances of one test: worker processes sharing a pool prefix, and what they reported."""
@@ -68,6 +80,10 @@ class Cluster:
     threads: int = 2
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     count: int = 0
+    live: ClassVar[list[Cluster]] = []  # killed after each test (see kill_leftover_instances)
+
+    def __post_init__(self) -> None:
+        Cluster.live.append(self)
 
     @property
     def results(self) -> Path:
@@ -189,14 +205,19 @@ def test_four_instances_with_random_kill_9(pg_url: str, kafka_bootstrap: str, tm
     kills = 0
     began = time.monotonic()
     live = list(cluster.procs)
+    victim, killed_at = "", began
     while time.monotonic() - began < CHAOS_S:
-        time.sleep(rng.uniform(1.0, 3.0))
+        time.sleep(rng.uniform(1.0, 3.0))  # the schedule of the kills, not a wait for anything
         victim = rng.choice(live)
         cluster.kill(victim)
+        killed_at = time.monotonic()
         kills += 1
         live.remove(victim)
         live.append(cluster.start())
-    time.sleep(LEASE_S + SCAN_S + 3.0)  # the survivors settle what the last victim left
+    # The survivors settle what the last victim left (the ids it still holds; none if it died starting).
+    last_owner = next((e["owner"] for e in cluster.lines() if e.get("worker") == victim and "owner" in e), None)
+    if last_owner is not None:
+        _wait_settled(engine, kafka_bootstrap, prefix, last_owner, _held_by(engine, prefix, last_owner), killed_at)
     longest = watcher.stop()
     summary = _finish(cluster, engine)
     print(f"\n{kills} kills, longest open transaction {longest:.2f} s ({watcher.longest}), {summary}")
@@ -215,23 +236,14 @@ def test_scale_down_and_up(pg_url: str, kafka_bootstrap: str, tmp_path: Path) ->
     names = [cluster.start() for _ in range(3)]
     victim_owner = cluster.owner(names[0])
     watcher = OpenWatcher(kafka_bootstrap, [f"{prefix}-{i}" for i in range(8)])
-    time.sleep(3.0)
-    held = {lease.transactional_id for lease in _leases(engine, prefix) if lease[1] == victim_owner}
-    assert held, "the victim held no id"
+    deadline = time.monotonic() + 60
+    while not (held := _held_by(engine, prefix, victim_owner)) or not _acked(cluster, names[0]):
+        assert time.monotonic() < deadline, "the victim held no id or committed nothing in 60 s"
+        time.sleep(0.1)
     cluster.kill(names[0])
     killed_at = time.monotonic()
     cluster.start()  # scale-up, at the same moment
-    settled_after = None
-    with TransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:
-        while time.monotonic() - killed_at < 30:
-            leases = {lease[0]: lease for lease in _leases(engine, prefix)}
-            taken = all(leases[tid][1] != victim_owner for tid in held)
-            closed = all((info := admin.describe_transaction(tid)) is None or not info.is_open for tid in held)
-            if taken and closed:
-                settled_after = time.monotonic() - killed_at
-                break
-            time.sleep(0.1)
-    time.sleep(1.0)
+    settled_after = _wait_settled(engine, kafka_bootstrap, prefix, victim_owner, held, killed_at)
     longest = watcher.stop()
     summary = _finish(cluster, engine)
     print(f"\nscale-down: {len(held)} ids of the dead instance settled {settled_after} s after the kill; "
@@ -239,6 +251,39 @@ def test_scale_down_and_up(pg_url: str, kafka_bootstrap: str, tmp_path: Path) ->
     assert settled_after is not None and settled_after <= OPEN_BOUND_S
     assert longest <= OPEN_BOUND_S
     engine.dispose()
+
+
+def _held_by(engine: sa.Engine, prefix: str, owner: str) -> set[str]:
+    return {lease.transactional_id for lease in _leases(engine, prefix) if lease.owner == owner}
+
+
+def _acked(cluster: Cluster, name: str) -> bool:
+    return any(e.get("worker") == name and "ok" in e for e in cluster.lines())
+
+
+def _wait_settled(
+    engine: sa.Engine, bootstrap: str, prefix: str, owner: str, held: set[str], killed_at: float
+) -> float | None:
+    """Seconds after ``killed_at`` until every id in ``held`` has another owner and no open transaction.
+
+    ``None`` if that took longer than 30 s.
+    """
+    with TransactionAdmin({"bootstrap.servers": bootstrap}) as admin:
+        while time.monotonic() - killed_at < 30:
+            leases = {lease.transactional_id: lease for lease in _leases(engine, prefix)}
+            taken = all(leases[tid].owner != owner for tid in held)
+            closed = all((info := admin.describe_transaction(tid)) is None or not info.is_open for tid in held)
+            if taken and closed:
+                return time.monotonic() - killed_at
+            time.sleep(0.1)
+    return None
+
+
+def _fenced_then_went_on(lines: list[dict[str, Any]], worker: str) -> bool:
+    """``worker``'s stopped transaction failed, and a later one of ``worker`` was acknowledged."""
+    stopped = next((e.get("rid") for e in lines if e.get("fault") == "stop_at" and e["worker"] == worker), None)
+    failed = next((i for i, e in enumerate(lines) if stopped is not None and e.get("id") == stopped), None)
+    return failed is not None and any(e.get("worker") == worker and "ok" in e for e in lines[failed:])
 
 
 def _leases(engine: sa.Engine, prefix: str) -> list[sa.Row[Any]]:
@@ -254,7 +299,7 @@ def test_a_paused_instance_whose_lease_was_taken_is_fenced_and_commits_nothing(
     engine = _engine(pg_url)
     prefix = f"zombie-{step}-{os.urandom(3).hex()}"
     cluster = Cluster(pg_url, kafka_bootstrap, create_topic(kafka_bootstrap), prefix, 3, tmp_path, threads=1)
-    name = cluster.start(stop_at=step, after=2, fault_delay_s=0.3 if step == "produced" else 0)
+    name = cluster.start(stop_at=step, after=2, fault_when_open=step == "produced")
     zombie_owner = cluster.owner(name)
     deadline = time.monotonic() + 60
     while not any(e.get("fault") == "stop_at" for e in cluster.lines()):
@@ -275,7 +320,9 @@ def test_a_paused_instance_whose_lease_was_taken_is_fenced_and_commits_nothing(
             assert time.monotonic() < deadline, "the other instance did not finish the takeover"
             time.sleep(0.05)
         cluster.procs[name].send_signal(signal.SIGCONT)
-        time.sleep(2.0)  # the zombie finds out, and goes on with other ids
+        while not _fenced_then_went_on(cluster.lines(), name):  # the zombie finds out, and goes on with other ids
+            assert time.monotonic() < deadline + 60, "the continued instance neither failed nor went on"
+            time.sleep(0.05)
         other_rid = f"{prefix}:other"
         items = items_table(sa.MetaData())
         with engine.connect() as conn, other.transaction(conn) as tx:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka.admin import AdminClient
+from harness.ports import port_of
 
 from kafka2pc.testing import broker
 
@@ -17,7 +18,7 @@ def test_random_cluster_ids_never_start_with_a_dash() -> None:
 def test_a_cluster_id_starting_with_a_dash_formats_and_serves(monkeypatch: pytest.MonkeyPatch) -> None:
     # Ids made elsewhere (an older kafka2pc, or copied from another cluster) may start with '-'.
     monkeypatch.setattr(broker, "_random_cluster_id", lambda: "-QbtlDkPTnqG8lRdQT7Miw")
-    kafka = broker.LocalKafka(base_port=broker.port_base() + 470)
+    kafka = broker.LocalKafka(base_port=port_of("testing/test_broker_cluster_id"))
     try:
         kafka.start()
         admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})

@@ -1,7 +1,7 @@
 """A failed ``up`` leaves no JVM behind, and ``down`` is bounded when the quorum is gone.
 
 Real three-node KRaft clusters in a corner of this checkout's port block
-(``port_base() + 1700`` and ``+ 1720``; a one-node one at ``+ 1740``), wiped afterwards.
+(``port_base() + 1200`` and ``+ 1220``; a one-node one at ``+ 1240``: see ``harness.ports``), wiped afterwards.
 """
 
 from __future__ import annotations
@@ -33,18 +33,18 @@ def _jvms_of(kafka: LocalKafka) -> list[int]:
 
 @pytest.fixture
 def held_port() -> Iterator[socket.socket]:
-    """A listening socket on node 3's broker port of the cluster at ``port_base() + 1700``."""
+    """A listening socket on node 3's broker port of the cluster at ``port_base() + 1200``."""
     sock = socket.socket()
-    sock.bind(("127.0.0.1", port_base() + 1704))
+    sock.bind(("127.0.0.1", port_base() + 1204))
     sock.listen()
     yield sock
     sock.close()
 
 
 def test_up_refuses_a_taken_port_before_starting_anything(held_port: socket.socket) -> None:
-    kafka = LocalKafka(brokers=3, base_port=port_base() + 1700, name=f"lifecycle-taken-{port_base()}")
+    kafka = LocalKafka(brokers=3, base_port=port_base() + 1200, name=f"lifecycle-taken-{port_base()}")
     started = time.monotonic()
-    with pytest.raises(BrokerError, match=rf"\[{port_base() + 1704}\] of node 3 are taken"):
+    with pytest.raises(BrokerError, match=rf"\[{port_base() + 1204}\] of node 3 are taken"):
         kafka.start()
     assert time.monotonic() - started < 5
     assert _jvms_of(kafka) == []
@@ -56,7 +56,7 @@ def test_a_failed_up_stops_every_node_it_started(
     # The port is taken between the check and the JVM's bind (as an outgoing
     # connection may take it at any moment): node 3 exits, nodes 1 and 2 are up.
     monkeypatch.setattr(broker, "_port_free", lambda port: True)
-    kafka = LocalKafka(brokers=3, base_port=port_base() + 1700, name=f"lifecycle-race-{port_base()}")
+    kafka = LocalKafka(brokers=3, base_port=port_base() + 1200, name=f"lifecycle-race-{port_base()}")
     launched: list[int] = []
     start_node = LocalKafka.start_node
 
@@ -79,7 +79,7 @@ def test_a_failed_up_stops_every_node_it_started(
 
 
 def test_down_is_bounded_when_the_quorum_is_gone() -> None:
-    kafka = LocalKafka(brokers=3, base_port=port_base() + 1720)
+    kafka = LocalKafka(brokers=3, base_port=port_base() + 1220)
     try:
         kafka.start(timeout=180)
         survivor = kafka.nodes[2].pid
@@ -107,7 +107,7 @@ def test_up_formats_again_a_node_whose_storage_is_gone() -> None:
     """cluster.json kept, the data directory lost (a wipe that raced the dying JVM): ``up`` still starts it."""
     import shutil
 
-    kafka = LocalKafka(base_port=port_base() + 1740, name=f"lifecycle-reformat-{port_base()}")
+    kafka = LocalKafka(base_port=port_base() + 1240, name=f"lifecycle-reformat-{port_base()}")
     again: LocalKafka | None = None
     try:
         kafka.start(timeout=180)
@@ -118,7 +118,7 @@ def test_up_formats_again_a_node_whose_storage_is_gone() -> None:
         deadline = time.monotonic() + 60
         while not all(broker._port_free(p) for p in ports) and time.monotonic() < deadline:
             time.sleep(0.2)
-        again = LocalKafka.up(base_port=port_base() + 1740, name=f"lifecycle-reformat-{port_base()}")
+        again = LocalKafka.up(base_port=port_base() + 1240, name=f"lifecycle-reformat-{port_base()}")
         assert again.cluster_id == kafka.cluster_id and again.running()
         assert (again.home / "node1" / "data" / "meta.properties").exists()
     finally:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -99,3 +100,34 @@ def test_a_cached_partition_leader_that_died_is_looked_up_again(cluster: LocalKa
             cluster.start_node(leader)
     finally:
         admin.close()
+
+
+def test_new_producers_start_while_any_one_broker_is_dead(cluster: LocalKafka) -> None:
+    """Each broker in turn is killed just before new producers start: each reads the broker's
+    ``transaction.max.timeout.ms`` (DescribeConfigs) from a live broker and commits, while the dead one
+    is still in the cluster's metadata."""
+    from kafka2pc import TwoPhaseCommitProducer
+
+    bootstrap = cluster.bootstrap_servers
+    topic = create_topic(bootstrap, partitions=3, replication_factor=3)
+    series = uuid.uuid4().hex[:8]
+    for node in (1, 2, 3):
+        cluster.stop_node(node, kill=True)
+        try:
+            for i in range(2):
+                tid = f"start-{series}-{node}-{i}"
+                started = time.monotonic()
+                with TwoPhaseCommitProducer({"bootstrap.servers": bootstrap, "transactional.id": tid}) as p:
+                    p.init_transactions(30)
+                    p.begin_transaction()
+                    p.produce(topic, value=f"{node}-{i}".encode())
+                    p.commit_transaction(30)
+                took = time.monotonic() - started
+                print(f"\nbroker {node} dead: producer {i} started and committed in {took:.1f}s")
+                assert took <= 30, took  # no call waited out its bound on the dead broker
+        finally:
+            cluster.start_node(node, wait=False)
+            cluster.wait_ready(timeout=300)  # a JVM restarted on a loaded machine
+    values = sorted(r.value for r in drain(bootstrap, topic, "read_committed", timeout=60))
+    assert values == sorted(f"{n}-{i}".encode() for n in (1, 2, 3) for i in range(2))
+    assert end_offsets(bootstrap, topic, "read_committed") == end_offsets(bootstrap, topic, "read_uncommitted")

@@ -1,9 +1,11 @@
 """One test per cell of the state machine's tables (no broker).
 
-``TRANSITIONS`` (target -> allowed sources) and ``OPERATIONS`` (operation ->
-allowed states) in :mod:`kafka2pc._machine` are the specification; these tests
-check that the gate enforces exactly what the tables say, cell by cell, so a
-change to either table shows up as a named failing case.
+The specification is written out here, independently of
+:mod:`kafka2pc._machine`: ``ALLOWED_TRANSITIONS`` (source -> target pairs) and
+``ALLOWED_OPERATIONS`` (operation -> states) follow KIP-939 and the Java
+client's ``TransactionManager``.  Each cell checks that the gate does what the
+specification says, so a change to either table of the library shows up as a
+named failing case.
 """
 
 from __future__ import annotations
@@ -19,6 +21,37 @@ from kafka2pc._machine import OPERATIONS, TRANSITIONS, StateMachine
 ALL_STATES = list(TxnState)
 TERMINAL = {TxnState.FATAL_ERROR, TxnState.CLOSED}
 
+_U, _R, _T, _P = TxnState.UNINITIALIZED, TxnState.READY, TxnState.IN_TRANSACTION, TxnState.PREPARED
+_V, _D, _A, _F, _C = (TxnState.RECOVERING, TxnState.IN_DOUBT, TxnState.ABORTABLE_ERROR, TxnState.FATAL_ERROR,
+                      TxnState.CLOSED)
+
+#: (source, target) pairs the gate must allow; every other pair it must refuse.
+ALLOWED_TRANSITIONS: frozenset[tuple[TxnState, TxnState]] = frozenset({
+    (_U, _R),  # init_transactions without a prepared transaction to keep
+    (_U, _V),  # init_transactions that found a prepared transaction: only commit/abort/complete follow
+    (_R, _T),  # begin_transaction
+    (_T, _P),  # prepare_transaction (KIP-939: flush, then only commit/abort/complete)
+    (_T, _R), (_P, _R), (_V, _R), (_D, _R), (_A, _R),  # a commit or abort finished
+    # An indefinite outcome (a timed-out EndTxn) from any call that ends a transaction; retried in place.
+    (_T, _D), (_P, _D), (_V, _D), (_D, _D), (_A, _D),
+    (_T, _A), (_P, _A), (_A, _A),  # an abortable error while a transaction is open
+    # Any live state may turn fatal; fatal is terminal (only close follows).
+    *((source, _F) for source in (_U, _R, _T, _P, _V, _D, _A)),
+    *((source, _C) for source in TxnState),  # close() from anywhere, closed again included
+})
+
+#: Operation -> the states it may be called in.
+ALLOWED_OPERATIONS: dict[str, frozenset[TxnState]] = {
+    "init_transactions": frozenset({_U}),
+    "begin_transaction": frozenset({_R}),
+    "produce": frozenset({_T}),
+    "send_offsets_to_transaction": frozenset({_T}),
+    "prepare_transaction": frozenset({_T}),
+    "commit_transaction": frozenset({_T, _P, _V, _D}),
+    "abort_transaction": frozenset({_T, _P, _V, _D, _A}),  # abort is the way out of an abortable error
+    "complete_transaction": frozenset({_P, _V, _D}),  # KIP-939: only for a prepared (or recovered) transaction
+}
+
 
 def machine_in(state: TxnState, *, in_doubt_operation: str | None = None) -> StateMachine:
     """A gate placed directly in ``state`` (white-box: tables are tested cell by cell)."""
@@ -31,7 +64,7 @@ def machine_in(state: TxnState, *, in_doubt_operation: str | None = None) -> Sta
 
 def test_tables_cover_every_state_and_operation() -> None:
     assert set(TRANSITIONS) == set(TxnState)
-    assert set(OPERATIONS) == {
+    assert set(OPERATIONS) == set(ALLOWED_OPERATIONS) == {
         "init_transactions",
         "begin_transaction",
         "produce",
@@ -53,7 +86,7 @@ def test_tables_cover_every_state_and_operation() -> None:
 def test_transition_cell(target: TxnState, source: TxnState) -> None:
     machine = machine_in(source)
     cause = RuntimeError("cause")
-    if source in TRANSITIONS[target]:
+    if (source, target) in ALLOWED_TRANSITIONS:
         machine.transition_to(target, cause=cause, operation="commit_transaction")
         assert machine.state is target
         if target in (TxnState.ABORTABLE_ERROR, TxnState.FATAL_ERROR, TxnState.IN_DOUBT):
@@ -70,14 +103,14 @@ def test_transition_cell(target: TxnState, source: TxnState) -> None:
 
 @pytest.mark.parametrize(
     ("operation", "state"),
-    list(itertools.product(sorted(OPERATIONS), ALL_STATES)),
+    list(itertools.product(sorted(ALLOWED_OPERATIONS), ALL_STATES)),
     ids=lambda x: x if isinstance(x, str) else x.value,
 )
 def test_operation_cell(operation: str, state: TxnState) -> None:
     # In IN_DOUBT the gate also requires the same operation (or complete): use it here,
     # the refusal of the others is tested separately below.
     machine = machine_in(state, in_doubt_operation=operation if operation != "complete_transaction" else None)
-    if state in OPERATIONS[operation]:
+    if state in ALLOWED_OPERATIONS[operation]:
         assert machine.check(operation) is state
     else:
         with pytest.raises(IllegalStateError, match=f"{operation}\\(\\) is not allowed in state {state.value}"):

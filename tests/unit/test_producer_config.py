@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import select
+import socket
+
 import pytest
 
-from kafka2pc import Kafka2pcError, TwoPhaseCommitProducer, UsageError
+from kafka2pc import Kafka2pcError, TwoPhaseCommitProducer, TxnState, UsageError
 
 BASE = {"bootstrap.servers": "127.0.0.1:1", "transactional.id": "k2pc-config"}
 
@@ -33,9 +36,23 @@ def test_bad_configuration_is_a_usage_error_from_the_constructor(extra: dict[str
 
 
 def test_valid_configuration_constructs_without_connecting() -> None:
-    producer = TwoPhaseCommitProducer({**BASE, "acks": "all", "linger.ms": 5, "kafka2pc.anchor.topic": "my-anchors",
-                                       "delivery.report.only.error": False})
-    producer.close()
+    """A valid configuration is accepted, and nothing talks to the cluster before ``init_transactions``."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        producer = TwoPhaseCommitProducer({
+            **BASE, "bootstrap.servers": f"127.0.0.1:{port}", "acks": "all", "linger.ms": 5,
+            "kafka2pc.anchor.topic": "my-anchors", "delivery.report.only.error": False,
+        })
+        try:
+            assert producer.state is TxnState.UNINITIALIZED
+            assert producer.transactional_id == BASE["transactional.id"]
+            # A client connects to its bootstrap server within milliseconds of being created.
+            readable, _, _ = select.select([listener], [], [], 0.5)
+            assert readable == [], "the constructor connected to the bootstrap server"
+        finally:
+            producer.close()
+        assert producer.state is TxnState.CLOSED
 
 
 def test_the_spark_sink_names_the_delivery_reports_setting_the_producer_reads() -> None:

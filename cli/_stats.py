@@ -1,0 +1,277 @@
+"""``stats`` and ``pending-offsets``: what open transactions hold back across the cluster, and whose they are.
+
+:func:`collect_stats` builds one JSON document (schema ``stats`` in
+``docs/cli.md``) from the coordinators' view (ListTransactions +
+DescribeTransactions, with each open transaction's partitions' LSO and HW)
+and the group coordinators' (``OffsetFetch`` with ``require_stable``):
+
+* per coordinator: transactions by state, the oldest open one and its age;
+* per partition held back (``HW > LSO``): the records and the time held back,
+  and the open transactions on it, oldest (the one pinning the LSO) first;
+* per transactional-id prefix (:func:`id_prefix`): open transactions, records
+  held back, the oldest one's age;
+* consumer groups whose offsets are pending in an open transaction, and which.
+
+The same document feeds the table, ``-o json``, ``--watch`` and the
+OpenTelemetry gauges (:mod:`kafka2pc.cli._otel`).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ._group import cli
+from ._options import connection_options, current_settings, open_admin, output_option
+from ._render import JSON_VERSION, dump_json, format_duration, render_table
+
+if TYPE_CHECKING:
+    from kafka2pc import TransactionAdmin, TransactionInfo
+
+__all__ = ["collect_stats", "id_prefix", "pending_offsets_json", "repeat", "stats_text", "watch", "watch_options"]
+
+_NUMBERED = re.compile(r"[-_.]\d+$")
+
+
+def id_prefix(transactional_id: str) -> str:
+    """The group a transactional id belongs to: the id without its trailing ``-<n>`` (``_<n>``, ``.<n>``).
+
+    A ``WriterPool``'s ``<prefix>-<n>`` and a Spark sink's ``<prefix><sink id>-<partition>``
+    each roll up into one prefix; an id without a numbered suffix is its own group.
+
+    >>> id_prefix("orders-12"), id_prefix("k2pc-spark-q1-3"), id_prefix("billing")
+    ('orders', 'k2pc-spark-q1', 'billing')
+    """
+    return _NUMBERED.sub("", transactional_id) or transactional_id
+
+
+def pending_offsets_json(admin: TransactionAdmin, infos: list[TransactionInfo]) -> list[dict[str, Any]]:
+    """Groups with offsets pending in an open transaction; per group the transactions holding them.
+
+    A transaction holds a group's offsets when it has the group's
+    ``__consumer_offsets`` partition among its partitions (DescribeTransactions).
+    """
+    pending = admin.pending_offset_groups()
+    groups = []
+    for group_id, partitions in sorted(pending.items()):
+        offsets_tp = admin.consumer_offsets_partition(group_id)
+        holders = [
+            info.transactional_id for info in infos
+            if info.is_open and any(
+                (tp.topic, tp.partition) == (offsets_tp.topic, offsets_tp.partition)
+                for tp in info.description.partitions
+            )
+        ]
+        groups.append({
+            "group_id": group_id,
+            "partitions": [{"topic": tp.topic, "partition": tp.partition} for tp in partitions],
+            "offsets_partition": offsets_tp.partition,
+            "held_by": holders,
+        })
+    return groups
+
+
+def collect_stats(admin: TransactionAdmin, *, now_ms: int | None = None) -> dict[str, Any]:
+    """The ``stats`` document: coordinators, partitions held back, prefixes, pending offset groups."""
+    infos = admin.list_transactions()
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    open_infos = sorted((i for i in infos if i.is_open), key=lambda i: (-i.open_for_ms, i.transactional_id))
+
+    coordinators: dict[int, dict[str, Any]] = {}
+    for info in infos:
+        entry = coordinators.setdefault(
+            info.description.coordinator_id,
+            {"coordinator_id": info.description.coordinator_id, "transactions": 0, "states": Counter(),
+             "open": 0, "oldest_open": None},
+        )
+        entry["transactions"] += 1
+        entry["states"][info.state] += 1
+        if info.is_open:
+            entry["open"] += 1
+            oldest = entry["oldest_open"]
+            if oldest is None or info.open_for_ms > oldest["open_for_ms"]:
+                entry["oldest_open"] = {"transactional_id": info.transactional_id, "open_for_ms": info.open_for_ms}
+
+    partitions: dict[tuple[str, int], dict[str, Any]] = {}
+    for info in open_infos:  # oldest first: the first holder of a partition is the one pinning its LSO
+        for lag in info.partitions:
+            if lag.held_back <= 0:
+                continue
+            entry = partitions.setdefault((lag.topic, lag.partition), {
+                "topic": lag.topic, "partition": lag.partition, "last_stable_offset": lag.last_stable_offset,
+                "high_watermark": lag.high_watermark, "held_back": lag.held_back,
+                "held_back_for_ms": info.open_for_ms, "holding_transactional_id": info.transactional_id,
+                "transactional_ids": [],
+            })
+            entry["transactional_ids"].append(info.transactional_id)
+
+    prefixes: dict[str, dict[str, Any]] = {}
+    for info in open_infos:
+        entry = prefixes.setdefault(id_prefix(info.transactional_id), {
+            "prefix": id_prefix(info.transactional_id), "open": 0, "held_back": 0,
+            "oldest_open_ms": info.open_for_ms, "oldest_transactional_id": info.transactional_id,
+        })
+        entry["open"] += 1
+        entry["held_back"] += sum(lag.held_back for lag in info.partitions)
+
+    return {
+        "version": JSON_VERSION,
+        "time_ms": now,
+        "coordinators": [
+            {**c, "states": dict(sorted(c["states"].items()))} for _, c in sorted(coordinators.items())
+        ],
+        "partitions": sorted(partitions.values(), key=lambda p: (-p["held_back_for_ms"], p["topic"], p["partition"])),
+        "prefixes": sorted(prefixes.values(), key=lambda p: (-p["oldest_open_ms"], p["prefix"])),
+        "pending_offsets": pending_offsets_json(admin, infos),
+    }
+
+
+def _pending_rows(groups: list[dict[str, Any]]) -> list[tuple[object, ...]]:
+    return [
+        (g["group_id"], ", ".join(f"{p['topic']}-{p['partition']}" for p in g["partitions"]) or "-",
+         f"__consumer_offsets-{g['offsets_partition']}", ", ".join(g["held_by"]) or "(not found)")
+        for g in groups
+    ]
+
+
+_PENDING_HEADERS = ("GROUP", "PENDING PARTITIONS", "STORED IN", "HELD BY")
+
+
+def _section(title: str, headers: tuple[str, ...], rows: list[tuple[object, ...]], empty: str = "none") -> list[str]:
+    return ["", title, render_table(headers, rows) if rows else empty]
+
+
+def stats_text(doc: dict[str, Any]) -> str:
+    """The ``stats`` document as four tables."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(doc["time_ms"] / 1000))
+    lines = [f"kafka2pc stats at {stamp}"]
+    lines += _section("COORDINATORS", ("COORDINATOR", "TRANSACTIONS", "OPEN", "BY STATE", "OLDEST OPEN", "OPEN FOR"), [
+        (c["coordinator_id"], c["transactions"], c["open"], " ".join(f"{s}={n}" for s, n in c["states"].items()),
+         (c["oldest_open"] or {}).get("transactional_id", "-"),
+         format_duration((c["oldest_open"] or {}).get("open_for_ms")))
+        for c in doc["coordinators"]
+    ], empty="no transactions")
+    lines += _section(
+        "PARTITIONS HELD BACK (read_committed consumers wait here)",
+        ("PARTITION", "LSO", "HW", "HELD BACK", "FOR", "HELD BY", "ALSO OPEN"),
+        [(f"{p['topic']}-{p['partition']}", p["last_stable_offset"], p["high_watermark"], p["held_back"],
+          format_duration(p["held_back_for_ms"]), p["holding_transactional_id"],
+          ", ".join(p["transactional_ids"][1:]) or "-") for p in doc["partitions"]],
+    )
+    lines += _section(
+        "BY TRANSACTIONAL-ID PREFIX (open transactions)", ("PREFIX", "OPEN", "HELD BACK", "OLDEST OPEN", "OPEN FOR"),
+        [(p["prefix"], p["open"], p["held_back"], p["oldest_transactional_id"], format_duration(p["oldest_open_ms"]))
+         for p in doc["prefixes"]],
+    )
+    lines += _section("CONSUMER GROUPS WITH OFFSETS PENDING IN AN OPEN TRANSACTION", _PENDING_HEADERS,
+                      _pending_rows(doc["pending_offsets"]))
+    return "\n".join(lines)
+
+
+def repeat(every_s: float, count: int | None, step: Callable[[], None]) -> None:
+    """Call ``step()`` now, then every ``every_s`` seconds, ``count`` times in all (``None``: until Ctrl-C)."""
+    done = 0
+    try:
+        while count is None or done < count:
+            if done:
+                time.sleep(every_s)
+            step()
+            done += 1
+    except KeyboardInterrupt:
+        click.echo()
+
+
+def watch(every_s: float | None, count: int | None, show: Callable[[], None]) -> None:
+    """Call ``show()`` once, or (``every_s``) on a cleared screen every ``every_s`` seconds (:func:`repeat`)."""
+    if every_s is None:
+        show()
+        return
+
+    def refresh() -> None:
+        click.clear()
+        show()
+
+    repeat(every_s, count, refresh)
+
+
+def watch_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--watch SECONDS`` and ``--count N``, for a refreshing terminal view."""
+    func = click.option(
+        "--count", type=click.IntRange(min=1), default=None, metavar="N",
+        help="With --watch: stop after N refreshes [default: until Ctrl-C].",
+    )(func)
+    return click.option(
+        "--watch", "watch_s", type=click.FloatRange(min=0.1), default=None, metavar="SECONDS",
+        help="Refresh every SECONDS (with -o json: one document per line per refresh).",
+    )(func)
+
+
+def _emit(doc: dict[str, Any], output: str, text: Callable[[dict[str, Any]], str], watching: bool) -> None:
+    if output == "json":
+        click.echo(dump_json(doc) if not watching else dump_json_line(doc))
+    else:
+        click.echo(text(doc))
+
+
+def dump_json_line(doc: dict[str, Any]) -> str:
+    """One document on one line (``--watch -o json``: one line per refresh)."""
+    import json
+
+    return json.dumps(doc, ensure_ascii=False)
+
+
+@cli.command("stats")
+@watch_options
+@click.option("--otel", "otel", is_flag=True,
+              help="Run as an OpenTelemetry exporter: the same figures as gauges, every --watch seconds "
+                   "(default 60), to the SDK's configured exporter (OTLP if installed, else the console).")
+@output_option
+@connection_options(group=False)
+def stats_command(watch_s: float | None, count: int | None, otel: bool, output: str) -> None:
+    """Cluster-wide: transactions per coordinator, partitions held back and by whom, per id prefix, pending offsets.
+
+    A partition is held back while an open transaction pins its last stable
+    offset (LSO) below its high watermark (HW): read_committed consumers stop
+    there.  HELD BY is the oldest open transaction on it (the one pinning the
+    LSO); ids roll up by prefix (the id without a trailing -<n>), so a
+    WriterPool's or a Spark sink's transactions show as one group.
+    """
+    if otel:
+        from ._otel import run_exporter
+
+        with open_admin() as admin:
+            run_exporter(lambda: collect_stats(admin), every_s=watch_s or 60.0, count=count)
+        return
+    with open_admin() as admin:
+        def show() -> None:
+            with admin.bounded(current_settings().timeout_s):
+                doc = collect_stats(admin)
+            _emit(doc, output, stats_text, watch_s is not None)
+
+        watch(watch_s, count, show)
+
+
+@cli.command("pending-offsets")
+@output_option
+@connection_options(group=False)
+def pending_offsets_command(output: str) -> None:
+    """Consumer groups whose committed offsets are pending in an open transaction, and which transaction holds them.
+
+    A consumer (re)starting in such a group waits (OffsetFetch answers
+    UNSTABLE_OFFSET_COMMIT) until the transaction ends: commit or abort it
+    (recover, complete, find-hanging --abort, force-terminate).
+    """
+    with open_admin() as admin, admin.bounded(current_settings().timeout_s):
+        infos = admin.list_transactions()
+        groups = pending_offsets_json(admin, infos)
+    if output == "json":
+        click.echo(dump_json({"version": JSON_VERSION, "groups": groups}))
+    elif groups:
+        click.echo(render_table(_PENDING_HEADERS, _pending_rows(groups)))
+    else:
+        click.echo("no consumer group has offsets pending in an open transaction")

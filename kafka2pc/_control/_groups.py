@@ -1,0 +1,115 @@
+"""Consumer groups whose committed offsets are pending in an open transaction.
+
+A transaction that called ``send_offsets_to_transaction`` holds the group's
+new offsets as *pending* until it ends.  Meanwhile the group coordinator
+answers an ``OffsetFetch`` with ``require_stable=true`` with
+``UNSTABLE_OFFSET_COMMIT`` for those partitions: a consumer (re)starting in
+that group waits.  The transaction's own coordinator lists the group's
+``__consumer_offsets`` partition among the transaction's partitions
+(``DescribeTransactions``), which is how the holder is found.
+
+Every broker is asked ``ListGroups`` (each coordinates a slice of
+``__consumer_offsets``); each group is then asked ``OffsetFetch`` on the
+broker that coordinates it (every other broker answers ``NOT_COORDINATOR``).
+Groups with no committed offset at all are not seen: the coordinator reports
+pending offsets only for partitions that have a committed one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kafka.admin import KafkaAdminClient
+from kafka.protocol.admin.groups import ListGroupsRequest
+from kafka.protocol.consumer.group import OffsetFetchRequest
+
+from kafka2pc._control import _kafka_python as compat
+from kafka2pc._control import _protocol as protocol
+from kafka2pc._errors import WireError, translate_kafka_python_error
+from kafka2pc._types import TopicPartition
+
+if TYPE_CHECKING:
+    from kafka2pc._control._session import Session
+
+__all__ = [
+    "CONSUMER_OFFSETS_TOPIC",
+    "UNSTABLE_OFFSET_COMMIT",
+    "consumer_offsets_partition_count",
+    "java_string_hash",
+    "offsets_partition",
+    "pending_offset_groups",
+]
+
+CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
+UNSTABLE_OFFSET_COMMIT = 88
+"""Kafka's wire error: offsets of this group are pending in an open transaction (``require_stable``)."""
+_ASK_ANOTHER_BROKER = frozenset(
+    {WireError.COORDINATOR_LOAD_IN_PROGRESS, WireError.COORDINATOR_NOT_AVAILABLE, WireError.NOT_COORDINATOR}
+)
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode()`` (over UTF-16 code units), as a signed 32-bit int."""
+    value = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        value = (31 * value + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= (1 << 31) else value
+
+
+def offsets_partition(group_id: str, partition_count: int) -> int:
+    """The ``__consumer_offsets`` partition of ``group_id`` (Kafka's ``Utils.abs(hashCode) % count``)."""
+    code = java_string_hash(group_id)
+    return (0 if code == -(1 << 31) else abs(code)) % partition_count
+
+
+def consumer_offsets_partition_count(session: Session, *, timeout: float | None = None) -> int:
+    """How many partitions ``__consumer_offsets`` has (Metadata; 0 if the topic does not exist yet)."""
+    context = f"Metadata for {CONSUMER_OFFSETS_TOPIC}"
+    deadline = session._call_deadline(timeout)
+
+    async def go(admin: KafkaAdminClient) -> int:
+        response = await session._send(admin, protocol.metadata(CONSUMER_OFFSETS_TOPIC), None, deadline, context)
+        for topic in response.topics:
+            if topic.name == CONSUMER_OFFSETS_TOPIC and not topic.error_code:
+                return len(topic.partitions)
+        return 0
+
+    return session._run(context, deadline, go)
+
+
+def pending_offset_groups(session: Session, *, timeout: float | None = None) -> dict[str, list[TopicPartition]]:
+    """Per consumer group with offsets pending in an open transaction: the partitions whose offsets are pending."""
+    context = "ListGroups / OffsetFetch (require_stable)"
+    deadline = session._call_deadline(timeout)
+
+    async def go(admin: KafkaAdminClient) -> dict[str, list[TopicPartition]]:
+        brokers = compat.broker_ids(admin)
+        groups: set[str] = set()
+        for node_id in brokers:
+            response = await session._send(admin, ListGroupsRequest(max_version=4), node_id, deadline, context)
+            if response.error_code:
+                raise translate_kafka_python_error(response.error_code, f"ListGroups on broker {node_id}")
+            groups.update(str(g.group_id) for g in response.groups)
+        pending: dict[str, list[TopicPartition]] = {}
+        for group_id in sorted(groups):
+            for node_id in brokers:
+                request = OffsetFetchRequest(group_id=group_id, topics=None, require_stable=True,
+                                             min_version=7, max_version=7)
+                response = await session._send(admin, request, node_id, deadline, context)
+                if response.error_code in _ASK_ANOTHER_BROKER:
+                    continue
+                if response.error_code not in (WireError.NONE, UNSTABLE_OFFSET_COMMIT):
+                    raise translate_kafka_python_error(response.error_code, f"OffsetFetch for group {group_id!r}")
+                unstable = [
+                    TopicPartition(str(t.name), int(p.partition_index))
+                    for t in response.topics
+                    for p in t.partitions
+                    if p.error_code == UNSTABLE_OFFSET_COMMIT
+                ]
+                if unstable or response.error_code == UNSTABLE_OFFSET_COMMIT:
+                    pending[group_id] = sorted(unstable)
+                break
+        return pending
+
+    return session._run(context, deadline, go)

@@ -1,0 +1,230 @@
+"""Every call of the four writer kinds ends within its documented bound through a broker outage, then heals.
+
+``DualWriter``, ``AsyncDualWriter``, ``WriterPool`` and ``AsyncWriterPool``
+(``kafka_timeout_s=2``, pools with ``acquire_timeout_s=2``) share one private
+broker and one PostgreSQL database.  The broker is SIGSTOPped, killed, or the
+writers point at a closed port; during the outage every kind keeps calling
+``transaction()``: each call must commit or raise a typed error within its
+bound (docs/deploying.md): ``3 * kafka_timeout_s`` for a writer (the recovery
+it runs first, the prepare, the abort), ``acquire_timeout_s + 2 *
+kafka_timeout_s`` for a pool (the wait for a slot and its recovery, the
+prepare, the abort).  Once the broker is back each kind commits again without
+a manual ``recover()``, and every committed row has exactly one record.
+
+CI runs each failure kind once, 10 s long; the ``campaign`` marker runs 10 s
+and 40 s outages of each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from _dw_crash import check_consistency, items_table
+from harness.brokers import frozen
+from harness.ports import closed_port, private_broker
+from kafka2pc.recipes.dual_write import DualWriter, WriterPool, define_lease_table, define_state_table
+from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, AsyncWriterPool
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from kafka2pc import Kafka2pcError
+from kafka2pc.testing import create_topic
+from kafka2pc.testing.broker import LocalKafka
+
+KAFKA_TIMEOUT_S = 2.0
+ACQUIRE_TIMEOUT_S = 2.0
+SLACK_S = 2.0
+"""Allowance for a loaded 2-core machine on top of a documented bound (scheduling, the database)."""
+WRITER_BOUND_S = 3 * KAFKA_TIMEOUT_S
+POOL_BOUND_S = ACQUIRE_TIMEOUT_S + 2 * KAFKA_TIMEOUT_S
+KINDS = {"DualWriter": WRITER_BOUND_S, "AsyncDualWriter": WRITER_BOUND_S,
+         "WriterPool": POOL_BOUND_S, "AsyncWriterPool": POOL_BOUND_S}
+HEAL_WITHIN_S = 90.0
+
+
+@dataclass
+class Calls:
+    """One kind's calls in one outage: the longest, and how each ended."""
+
+    longest_s: float = 0.0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    def note(self, took: float, outcome: str) -> None:
+        self.longest_s = max(self.longest_s, took)
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+class Writers:
+    """The four kinds on one database and broker address; ``call(kind, rid)`` runs one transaction.
+
+    Each asyncio kind has an event loop (and async engine) of its own, so that the four kinds can be
+    driven side by side, one thread each.
+    """
+
+    def __init__(self, url: str, bootstrap: str, topic: str, series: str) -> None:
+        metadata = sa.MetaData()
+        self.states, self.items, self.leases = define_state_table(metadata), items_table(metadata), define_lease_table(metadata)
+        self.engine = sa.create_engine(url)
+        metadata.create_all(self.engine)
+        self.topic, self.series = topic, series
+        self.loops = {kind: asyncio.new_event_loop() for kind in ("AsyncDualWriter", "AsyncWriterPool")}
+        self.aengines: dict[str, AsyncEngine] = {
+            kind: loop.run_until_complete(self._async_engine(url)) for kind, loop in self.loops.items()
+        }
+        config = {"bootstrap.servers": bootstrap, "reconnect.backoff.max.ms": 500}
+        options: dict[str, Any] = {"state_table": self.states, "kafka_timeout_s": KAFKA_TIMEOUT_S}
+        pool_options = {**options, "lease_table": self.leases, "acquire_timeout_s": ACQUIRE_TIMEOUT_S, "size": 2}
+        self.targets: dict[str, Any] = {
+            "DualWriter": DualWriter(self.engine, {**config, "transactional.id": f"out-{series}-w"}, **options),
+            "AsyncDualWriter": AsyncDualWriter(self.aengines["AsyncDualWriter"],
+                                               {**config, "transactional.id": f"out-{series}-aw"}, **options),
+            "WriterPool": WriterPool(self.engine, config, prefix=f"out-{series}-p", **pool_options),
+            "AsyncWriterPool": AsyncWriterPool(self.aengines["AsyncWriterPool"], config, prefix=f"out-{series}-ap",
+                                               **pool_options),
+        }
+
+    @staticmethod
+    async def _async_engine(url: str) -> AsyncEngine:
+        return create_async_engine(url)
+
+    def call(self, kind: str, rid: str) -> None:
+        full = f"{self.series}:{kind}-{rid}"
+        target = self.targets[kind]
+        if kind not in self.loops:
+            with self.engine.connect() as conn, target.transaction(conn) as tx:
+                conn.execute(self.items.insert().values(id=full, series=self.series))
+                tx.produce(self.topic, value=full.encode())
+            return
+
+        async def run() -> None:
+            async with self.aengines[kind].connect() as conn, target.transaction(conn) as tx:
+                await conn.execute(self.items.insert().values(id=full, series=self.series))
+                await tx.produce(self.topic, value=full.encode())
+
+        self.loops[kind].run_until_complete(run())
+
+    def timed(self, kind: str, rid: str) -> tuple[float, str]:
+        started = time.monotonic()
+        try:
+            self.call(kind, rid)
+            outcome = "committed"
+        except Kafka2pcError as exc:
+            outcome = type(exc).__name__
+        return time.monotonic() - started, outcome
+
+    def each(self, work: Callable[[str], None]) -> None:
+        """``work(kind)`` for the four kinds side by side, one thread each; re-raises the first failure."""
+        with ThreadPoolExecutor(len(KINDS)) as threads:
+            for future in [threads.submit(work, kind) for kind in KINDS]:
+                future.result()
+
+    def close(self) -> None:
+        self.targets["DualWriter"].close()
+        self.targets["WriterPool"].close()
+        for kind, loop in self.loops.items():
+            loop.run_until_complete(self.targets[kind].close())
+            loop.run_until_complete(self.aengines[kind].dispose())
+            loop.close()
+        self.engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def outage_kafka() -> Iterator[LocalKafka]:
+    """A broker of this module's own (stopped, killed and wiped here), in this checkout's port block."""
+    with private_broker("recipes/test_writer_outage") as kafka:
+        yield kafka
+
+
+@contextlib.contextmanager
+def outage(kafka: LocalKafka, kind: str) -> Iterator[None]:
+    """The broker ``stopped`` (SIGSTOP) or ``killed`` (SIGKILL) for the block; restarted after it."""
+    if kind == "stopped":
+        with frozen(kafka):
+            yield
+        return
+    kafka.stop(kill=True)
+    try:
+        yield
+    finally:
+        kafka.start()
+
+
+def drive(writers: Writers, seconds: float, label: str) -> dict[str, Calls]:
+    """Every kind calls ``transaction()`` in a loop for ``seconds`` (at least twice: the second call
+    recovers first); each call's time and outcome."""
+    calls = {kind: Calls() for kind in KINDS}
+    end = time.monotonic() + seconds
+
+    def work(kind: str) -> None:
+        n = 0
+        while time.monotonic() < end or n < 2:
+            calls[kind].note(*writers.timed(kind, f"{label}-{n}"))
+            n += 1
+
+    writers.each(work)
+    return calls
+
+
+def heal(writers: Writers, label: str) -> None:
+    """Each kind commits again by itself (no recover() call) once the broker is back."""
+    def work(kind: str) -> None:
+        started, n = time.monotonic(), 0
+        while writers.timed(kind, f"{label}-heal-{n}")[1] != "committed":
+            assert time.monotonic() - started < HEAL_WITHIN_S, f"{kind} did not commit within {HEAL_WITHIN_S} s"
+            n += 1
+        print(f"\n{label}: {kind} committed again after {time.monotonic() - started:.1f} s ({n} failed calls)")
+
+    writers.each(work)
+
+
+def check_bounds(calls: dict[str, Calls], label: str, *, committed_allowed: bool) -> None:
+    for kind, seen in calls.items():
+        print(f"\n{label}: {kind}: longest call {seen.longest_s:.2f} s (bound {KINDS[kind]:g} s); {seen.outcomes}")
+    for kind, seen in calls.items():
+        assert seen.longest_s <= KINDS[kind] + SLACK_S, (kind, label, seen)
+        assert committed_allowed or "committed" not in seen.outcomes, (kind, label, seen)
+
+
+def run_campaign(url: str, kafka: LocalKafka, lengths: dict[str, float]) -> None:
+    series = uuid.uuid4().hex[:10]
+    topic = create_topic(kafka.bootstrap_servers, partitions=2)
+    writers = Writers(url, kafka.bootstrap_servers, topic, series)
+    try:
+        heal(writers, "before")
+        for failure, seconds in lengths.items():
+            with outage(kafka, failure):
+                calls = drive(writers, seconds, f"{failure}-{seconds:g}")
+            check_bounds(calls, f"broker {failure} {seconds:g} s", committed_allowed=False)
+            heal(writers, f"{failure}-{seconds:g}")
+        rows, records, problems = check_consistency(writers.engine, kafka.bootstrap_servers, topic, series)
+        assert not problems and rows == records, problems
+    finally:
+        writers.close()
+    # Unreachable: the four kinds point at a closed port from their start.
+    unreachable = Writers(url, f"127.0.0.1:{closed_port()}", topic, series)
+    try:
+        check_bounds(drive(unreachable, min(lengths.values()) / 2, "unreachable"), "broker unreachable",
+                     committed_allowed=False)
+    finally:
+        unreachable.close()
+
+
+def test_every_writer_kind_ends_each_call_within_its_bound_through_outages(
+    pg_url: str, outage_kafka: LocalKafka
+) -> None:
+    run_campaign(pg_url, outage_kafka, {"stopped": 10.0, "killed": 10.0})
+
+
+@pytest.mark.campaign
+@pytest.mark.parametrize("seconds", [10.0, 40.0])
+def test_every_writer_kind_through_long_outages(pg_url: str, outage_kafka: LocalKafka, seconds: float) -> None:
+    run_campaign(pg_url, outage_kafka, {"stopped": seconds, "killed": seconds})
+
