@@ -11,6 +11,7 @@ import logging
 import re
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -90,10 +91,9 @@ class KafkaTwoPhaseSink:
     ``sink_id`` or ``decision_store`` is tied to one query; another query
     calling it gets a :class:`~kafka2pc.UsageError`.
 
-    ``faults`` (a :data:`TaskHook`, e.g. :class:`FaultInjection`) and
-    ``on_step`` (a :data:`StepHook`) are testing and tracing aids: the first
-    is pickled to the executors and called at each :class:`TaskStep` of a
-    task, the second is called on the driver at each :class:`SinkStep`.
+    ``on_step`` (a :data:`StepHook`) is a testing and tracing aid called on
+    the driver at each :class:`SinkStep`.  ``faults`` is deprecated: task
+    hooks are a testing aid, given through a private seam of the tests.
 
     ``sink.metrics`` holds the last ``metrics_history`` :class:`BatchMetrics`;
     ``sink.last_batch_metrics`` the newest.  Call :meth:`recover` to settle
@@ -141,7 +141,14 @@ class KafkaTwoPhaseSink:
         self._store = decision_store
         self._retain = max(2, decisions_to_retain)
         self._max_repairs = max_repairs
-        self._task_hook = faults
+        self._task_hook: TaskHook | None = None
+        if faults is not None:
+            warnings.warn(
+                "KafkaTwoPhaseSink(faults=...) is deprecated and will be removed in the next minor release: "
+                "task hooks are a testing aid (kafka2pc.recipes.spark._faults.inject_task_hook)",
+                DeprecationWarning, stacklevel=2,
+            )
+            self._task_hook = faults
         self._on_step = on_step
         self._metrics: deque[BatchMetrics] = deque(maxlen=max(1, metrics_history))
         self._admin: TransactionAdmin | None = None

@@ -61,8 +61,8 @@ _admins: dict[tuple[tuple[str, str], ...], TransactionAdmin] = {}
 _admins_lock = threading.Lock()
 
 
-def _shared_admin(config: Mapping[str, Any]) -> TransactionAdmin:
-    """One coordinator connection per Python worker and cluster, reused by its tasks.
+def shared_admin(config: Mapping[str, Any]) -> TransactionAdmin:
+    """One coordinator connection per Python worker and cluster, reused by its tasks (and the driver's workers).
 
     PySpark reuses worker processes across tasks, so this saves a metadata
     bootstrap per task; the producer itself is created per task on purpose
@@ -117,7 +117,7 @@ def open_producer(spec: WriterSpec, partition: int, transactional_id: str | None
     """A producer under partition ``partition``'s id with a begun transaction (fences every other attempt)."""
     config = dict(spec.producer_config)
     config["transactional.id"] = transactional_id or spec.transactional_id(partition)
-    producer = TwoPhaseCommitProducer(config, control_plane=_shared_admin(config).control_plane)
+    producer = TwoPhaseCommitProducer(config, control_plane=shared_admin(config).control_plane)
     producer.init_transactions()  # fences every other attempt using this id; aborts what it left open
     producer.begin_transaction()
     return producer
@@ -149,7 +149,7 @@ def require_topics(spec: WriterSpec, topics: Iterable[str | None]) -> None:
     missing = {t for t in topics if t is not None and (cluster, t) not in _known_topics}
     if not missing:
         return
-    existing = set(_shared_admin(spec.producer_config).topic_names())
+    existing = set(shared_admin(spec.producer_config).topic_names())
     _known_topics.update((cluster, t) for t in existing)
     for topic in sorted(missing):
         if topic not in existing:

@@ -57,12 +57,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from pyspark.sql.datasource import DataSource, WriterCommitMessage
+try:
+    from pyspark.sql.datasource import DataSource, WriterCommitMessage
+except ImportError as exc:  # pragma: no cover - PySpark 3.5
+    raise ImportError(
+        "format('kafka2pc') needs PySpark 4's Python data sources (pyspark.sql.datasource); on PySpark 3.5 "
+        "use the foreachBatch sink, kafka2pc.recipes.spark.KafkaTwoPhaseSink"
+    ) from exc
 
 from kafka2pc import TransactionAdmin, UsageError
 
 from ._config import default_transaction_timeout_ms, executor_config, schema_columns
-from ._executor import TaskHook, WriterSpec, attempt_transactional_id, write_partition
+from ._executor import TaskHook, WriterSpec, attempt_transactional_id, shared_admin, write_partition
 from ._protocol import Completed, SinkCoordinator
 from ._session import local_path
 from ._store import LocalDecisionStore
@@ -258,22 +264,19 @@ class Kafka2pcDataSource(DataSource):
         opts = _Options.parse(self.options)
         columns = schema_columns(schema, opts.topic)
         sink_id, directory = _location(opts, streaming=streaming)
-        admin = TransactionAdmin(dict(opts.config))
-        try:
-            if opts.topic is not None and opts.topic not in admin.topic_names():
-                raise UnknownTopicError(f"topic {opts.topic!r} (the topic option) does not exist")
-            limit = None
-            if "transaction.timeout.ms" not in opts.config and "transaction.two.phase.commit.enable" not in opts.config:
-                limit = default_transaction_timeout_ms(admin.max_transaction_timeout_ms())
-            spec = WriterSpec(executor_config(opts.config, limit), f"{opts.prefix}{sink_id}", opts.topic, columns,
-                              batch_id=0, task_hook=type(self)._task_hook)
-            plan = _Plan(spec, sink_id, directory, 0, streaming, opts.max_repairs, opts.retain, dict(opts.config))
-            latest = LocalDecisionStore(directory).latest()
-            plan = dataclasses.replace(plan, slot=_free_slot(latest))
-            if not streaming:
-                plan = _settle_run(plan, admin, opts.run_id, type(self)._on_step)
-        finally:
-            admin.close()
+        admin = shared_admin(opts.config)  # the commit that follows in this worker reuses it
+        if opts.topic is not None and opts.topic not in admin.topic_names():
+            raise UnknownTopicError(f"topic {opts.topic!r} (the topic option) does not exist")
+        limit = None
+        if "transaction.timeout.ms" not in opts.config and "transaction.two.phase.commit.enable" not in opts.config:
+            limit = default_transaction_timeout_ms(admin.max_transaction_timeout_ms())
+        spec = WriterSpec(executor_config(opts.config, limit), f"{opts.prefix}{sink_id}", opts.topic, columns,
+                          batch_id=0, task_hook=type(self)._task_hook)
+        plan = _Plan(spec, sink_id, directory, 0, streaming, opts.max_repairs, opts.retain, dict(opts.config))
+        latest = LocalDecisionStore(directory).latest()
+        plan = dataclasses.replace(plan, slot=_free_slot(latest))
+        if not streaming:
+            plan = _settle_run(plan, admin, opts.run_id, type(self)._on_step)
         return plan
 
 
@@ -351,42 +354,35 @@ def _commit(plan: _Plan, on_step: StepHook | None, messages: Sequence[WriterComm
                      key=lambda r: r.partition)
     if plan.skip:
         return None  # _settle_run said so
-    admin = TransactionAdmin(dict(plan.admin_config))
-    try:
-        coordinator = plan.coordinator(admin, on_step)
-        existing = coordinator.store.get(batch_id)
-        if existing is None:
-            done = coordinator.complete(coordinator.decide(batch_id, results, fingerprints=False), None)
-        else:
-            logger.info("batch %d: decision revision %d exists: completing it (the replay's transactions are "
-                        "aborted unless a repair needs them)", batch_id, existing.revision)
+    admin = shared_admin(plan.admin_config)
+    coordinator = plan.coordinator(admin, on_step)
+    existing = coordinator.store.get(batch_id)
+    if existing is None:
+        done = coordinator.complete(coordinator.decide(batch_id, results, fingerprints=False), None)
+    else:
+        logger.info("batch %d: decision revision %d exists: completing it (the replay's transactions are "
+                    "aborted unless a repair needs them)", batch_id, existing.revision)
 
-            def rewrite(decision: SinkDecision, lost: frozenset[int], whole: bool) -> list[PartitionResult]:
-                return results
+        def rewrite(decision: SinkDecision, lost: frozenset[int], whole: bool) -> list[PartitionResult]:
+            return results
 
-            done = coordinator.complete(existing, rewrite, keep=frozenset(r.transactional_id for r in results))
-        if done.completion.aborted:
-            raise SinkCompletionError(
-                f"batch {batch_id}: Kafka aborted the decided transactions of partitions {done.completion.aborted} "
-                "(the transaction timed out, or an operator aborted it); a replay repairs them: restart the "
-                "query or rerun the job"
-            )
-        coordinator.purge(batch_id)
-        logger.info("batch %d: %d records in %d transactions committed (%d strays aborted, repaired %s)", batch_id,
-                    sum(t.records for t in done.decision.transactions), done.completion.committed,
-                    done.completion.strays_aborted, done.repaired or "none")
-        return done
-    finally:
-        admin.close()
+        done = coordinator.complete(existing, rewrite, keep=frozenset(r.transactional_id for r in results))
+    if done.completion.aborted:
+        raise SinkCompletionError(
+            f"batch {batch_id}: Kafka aborted the decided transactions of partitions {done.completion.aborted} "
+            "(the transaction timed out, or an operator aborted it); a replay repairs them: restart the "
+            "query or rerun the job"
+        )
+    coordinator.purge(batch_id)
+    logger.info("batch %d: %d records in %d transactions committed (%d strays aborted, repaired %s)", batch_id,
+                sum(t.records for t in done.decision.transactions), done.completion.committed,
+                done.completion.strays_aborted, done.repaired or "none")
+    return done
 
 
 def _abort(plan: _Plan, batch_id: int) -> None:
     """A failed write: abort every transaction no decision names (the tasks' prepared ones)."""
-    admin = TransactionAdmin(dict(plan.admin_config))
-    try:
-        plan.coordinator(admin, None).abort_undecided(batch_id)
-    finally:
-        admin.close()
+    plan.coordinator(shared_admin(plan.admin_config), None).abort_undecided(batch_id)
 
 
 class Kafka2pcBatchWriter(_BatchWriterBase):
