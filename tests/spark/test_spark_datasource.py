@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from _sparkkit import assert_exactly_once, hanging, write_json_files
-from kafka2pc.recipes.spark import FaultInjection, LocalDecisionStore
+from kafka2pc.recipes.spark import FaultInjection, LocalDecisionStore, SinkStep
 from kafka2pc.recipes.spark.datasource import Kafka2pcDataSource, recover, register_data_source
 
 from kafka2pc import TransactionAdmin
@@ -68,6 +68,32 @@ def test_batch_rerun_with_the_same_run_id_writes_nothing(
     # Another run id is another run: written once more.
     batch_write(df, kafka_bootstrap, out, **dict(run, **{"kafka2pc.runId": "other"}))
     assert sorted(r.value for r in drain(kafka_bootstrap, out, "read_committed")) == sorted(values(500) * 2)
+
+
+def test_batch_run_that_died_after_its_decision_is_completed_by_the_rerun(
+    spark: SparkSession, kafka2pc_format: Any, kafka_bootstrap: str, topic_factory: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """The driver's commit fails right after the decision (test_spark_datasource_crash.py kills it there)."""
+
+    def die_after_decision(step: SinkStep, batch_id: int) -> None:
+        if step is SinkStep.AFTER_DECISION:
+            raise RuntimeError("the driver dies after the decision")
+
+    class Dying(Kafka2pcDataSource):
+        _on_step = die_after_decision
+
+    out = topic_factory(partitions=2)
+    df = spark.range(0, 300, numPartitions=3).selectExpr("CAST(id AS STRING) AS value")
+    run = {"kafka2pc.runId": "died", "kafka2pc.decisionPath": str(tmp_path / "d")}
+    kafka2pc_format(Dying)
+    with pytest.raises(Exception, match="dies after the decision"):
+        batch_write(df, kafka_bootstrap, out, **run)
+    assert drain(kafka_bootstrap, out, "read_committed") == [] and hanging(kafka_bootstrap, out) == 300
+    kafka2pc_format(Kafka2pcDataSource)
+    batch_write(df, kafka_bootstrap, out, **run)  # completes the recorded decision, writes nothing
+    assert_exactly_once(kafka_bootstrap, out, values(300))
+    assert len(drain(kafka_bootstrap, out, "read_uncommitted")) == 300
 
 
 def test_batch_task_retry_after_prepare_gives_each_row_once(
