@@ -15,7 +15,9 @@ Sinks (rounds alternate between them so that they share the machine's load):
   ``spark-sql-kafka-0-10`` for the installed PySpark resolves (it does not for
   4.0.1+ from the Maven repository CI reaches: its token-provider dependency
   is missing); ``--baseline`` picks what the headline ratio is against;
-- ``ours``: KafkaTwoPhaseSink (exactly-once);
+- ``ours``: KafkaTwoPhaseSink (exactly-once, ``foreachBatch``);
+- ``datasource``: ``writeStream.format("kafka2pc")`` (exactly-once, PySpark 4's
+  Python data source; its rows are visible when its batch ends);
 - ``floor`` (``--with-floor``): a ``foreachBatch`` that moves the columns ours
   sends (key, value, the row hash) to Python with ``mapInArrow`` and drops
   them: what any sink on PySpark's Python workers pays before writing a row.
@@ -175,6 +177,12 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
         writer = stream.writeStream.foreachBatch(plain_writer(bootstrap, out))
     elif sink == "floor":
         writer = stream.writeStream.foreachBatch(floor_writer)
+    elif sink == "datasource":
+        writer = (
+            stream.writeStream.format("kafka2pc")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("topic", out)
+        )
     else:
         ours = KafkaTwoPhaseSink({"bootstrap.servers": bootstrap}, topic=out)
         writer = stream.writeStream.foreachBatch(ours)
@@ -313,6 +321,11 @@ def run(args: argparse.Namespace) -> None:
         spark = start_spark(args.master, None)
     if args.with_floor:
         sinks.insert(0, "floor")
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        from kafka2pc.recipes.spark import register_data_source
+
+        register_data_source(spark)
+        sinks.append("datasource")
     baseline = args.baseline if args.baseline in sinks else "plain"
     cpu_roots = {"spark_jvm": [spark.sparkContext._gateway.proc.pid, *args.cluster_pids],
                  "broker": args.broker_pids}
@@ -334,7 +347,7 @@ def run(args: argparse.Namespace) -> None:
             out = create_topic(args.bootstrap, partitions=args.partitions)
             result = run_query(spark, args.bootstrap, source, files_per_batch, out, sink, work, cpu_roots)
             assert result["rows"] == args.records, result
-            if sink == "ours":  # check exactly-once (outside the timed part)
+            if sink in ("ours", "datasource"):  # check exactly-once (outside the timed part)
                 seen = [r.value for r in drain(args.bootstrap, out, "read_committed", timeout=120)]
                 assert len(seen) == len(set(seen)) == args.records, ("not exactly once", len(seen))
                 assert end_offsets(args.bootstrap, out, "read_committed") == end_offsets(args.bootstrap, out)
@@ -353,6 +366,7 @@ def run(args: argparse.Namespace) -> None:
         "plain": "plain confluent-kafka foreachBatch (at-least-once, same Python path)",
         "ours": "KafkaTwoPhaseSink (exactly-once)",
         "floor": "floor: rows moved to Python and dropped (no sink)",
+        "datasource": 'format("kafka2pc") data source (exactly-once)',
     }
     ours_ttv = med(per_batch("ours", "ttv_s"))
     ours_commit = med(per_batch("ours", "commit_s"))
@@ -415,6 +429,20 @@ def run(args: argparse.Namespace) -> None:
             ),
             "",
         ]
+    if "datasource" in sinks:
+        for base in [b for b in ("builtin", "plain", "ours") if b in sinks]:
+            ratios = [d / b for b, d in zip(rates[base], rates["datasource"], strict=True)]
+            added = med(per_batch("datasource", "add_batch_s")) - med(per_batch(base, "add_batch_s"))
+            if base == "ours":
+                added = med(per_batch("datasource", "add_batch_s")) - ours_ttv
+            lines += [
+                (
+                    f"throughput ratio datasource/{base}: **{med(ratios):.2f}x** median of per-round ratios "
+                    f"(min {min(ratios):.2f}, max {max(ratios):.2f}); added latency to visibility per batch "
+                    f"{added:+.3f}s (median of every batch)"
+                ),
+                "",
+            ]
     ttv_rows = [
         ("before the job: settle leftovers (first batch), check the topic", med(per_batch("ours", "settle_s"))),
         ("write job, slowest task: open (producer + init_transactions, fences older attempts)",

@@ -1,9 +1,16 @@
-"""Exactly-once Kafka sink for Spark Structured Streaming, by two-phase commit.
+"""Exactly-once Kafka writes from Spark, by two-phase commit: ``format("kafka2pc")`` and a ``foreachBatch`` sink.
+
+On PySpark 4, write with ``format("kafka2pc")`` (batch and streaming, Spark's
+Kafka sink's options and columns): see :mod:`kafka2pc.recipes.spark.datasource`
+and :func:`register_data_source`.  The ``foreachBatch`` sink below works on
+every supported line, PySpark 3.5 included; both drive one protocol
+(``_protocol``).
 
 The package is laid out by role: ``_values`` (decisions, results, metrics,
 named steps), ``_store`` (decision stores), ``_executor`` (the tasks that write
-and prepare), ``_driver`` (the coordinator of each micro-batch), ``_session``
-(what the driver asks Spark) and ``_faults`` (a task hook for tests).
+and prepare), ``_protocol`` (the coordinator both paths drive), ``_driver``
+(the ``foreachBatch`` sink), ``datasource`` (``format("kafka2pc")``),
+``_session`` (what the driver asks Spark) and ``_faults`` (a task hook for tests).
 
 Spark's built-in Kafka sink is at-least-once: when a micro-batch is replayed
 (driver restart, task retry) its rows are written again.  This sink writes
@@ -53,6 +60,10 @@ Why retries and speculation are safe, and the storage requirements for the
 decisions, are explained in ``docs/spark.md``.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from ._driver import DEFAULT_PREFIX, KafkaTwoPhaseSink
 from ._executor import TaskHook, TaskPoint, TaskStep, WriterSpec, write_partition
 from ._faults import FaultInjection
@@ -69,6 +80,23 @@ from ._values import (
     StepHook,
     UnknownTopicError,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def register_data_source(spark: SparkSession) -> None:
+    """Register ``format("kafka2pc")`` with ``spark`` (PySpark 4; see :mod:`kafka2pc.recipes.spark.datasource`).
+
+    Example::
+
+        register_data_source(spark)
+        df.write.format("kafka2pc").option("kafka.bootstrap.servers", "b:9092").option("topic", "t").save()
+    """
+    from .datasource import register_data_source as register
+
+    register(spark)
+
 
 __all__ = [
     "DEFAULT_PREFIX",
@@ -91,5 +119,6 @@ __all__ = [
     "TaskStep",
     "UnknownTopicError",
     "WriterSpec",
+    "register_data_source",
     "write_partition",
 ]

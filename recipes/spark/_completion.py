@@ -47,9 +47,10 @@ class Completion:
 
 
 def complete(
-    admin: TransactionAdmin, transactional_id_base: str, decision: SinkDecision, after_first: Callable[[], None]
+    admin: TransactionAdmin, transactional_id_base: str, decision: SinkDecision, after_first: Callable[[], None],
+    *, keep: frozenset[str] = frozenset(),
 ) -> Completion:
-    """Commit every transaction the decision names; abort every other open one of the sink."""
+    """Commit every transaction the decision names; abort every other open one of the sink but ``keep``."""
     result = Completion()
     by_tid = decision.by_transactional_id()
     unknown: dict[str, SinkTransaction] = {}
@@ -70,7 +71,7 @@ def complete(
     admin.settle_many({t.transactional_id: t.prepared_state for t in decision.transactions},
                       raise_on_heuristic=False, on_settled=settled)
     result.visible_at = time.monotonic()  # the markers are written: the rows are visible...
-    result.strays_aborted = settle_open(admin, transactional_id_base, by_tid)
+    result.strays_aborted = settle_open(admin, transactional_id_base, by_tid, keep=keep)
     if result.strays_aborted:  # ...unless a stray open transaction held the partition's last stable offset back
         result.visible_at = time.monotonic()
     if unknown:
@@ -91,17 +92,23 @@ def complete(
     return result
 
 
-def settle_open(admin: TransactionAdmin, transactional_id_base: str, named: Mapping[str, SinkTransaction]) -> int:
-    """Settle every open transaction under the sink's ids: commit it if ``named`` names it, else abort it.
+def settle_open(
+    admin: TransactionAdmin, transactional_id_base: str, named: Mapping[str, SinkTransaction],
+    *, keep: frozenset[str] = frozenset(),
+) -> int:
+    """Settle every open transaction under the sink's ids (but ``keep``): commit it if ``named`` names it, else abort.
 
+    The sink's ids are ``<base>-<partition>`` and, for the data source's task
+    attempts, ``<base>-<partition>.<slot>.<attempt>``.
     A transaction no decision names (a crashed run's, a zombie attempt's, a
     failed batch's) is aborted with KIP-939's ``forceTerminateTransaction``
     (InitProducerId), which also bumps the epoch and so fences a zombie
     producer still running.  Returns how many transactions were aborted.
     """
-    pattern = re.compile(re.escape(transactional_id_base) + r"-(\d+)")
+    pattern = re.compile(re.escape(transactional_id_base) + r"-\d+(?:\.\d+\.\d+)?")
     decisions = admin.settle_open(
-        lambda tid: pattern.fullmatch(tid) is not None, {tid: t.prepared_state for tid, t in named.items()}
+        lambda tid: pattern.fullmatch(tid) is not None and tid not in keep,
+        {tid: t.prepared_state for tid, t in named.items()},
     )
     return sum(decision is Decision.ABORT for decision in decisions.values())
 

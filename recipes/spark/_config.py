@@ -15,6 +15,7 @@ DELIVERY_REPORTS_CONFIG = "kafka2pc.delivery.reports"
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 _ALLOWED_COLUMNS = {
     "value": {"string", "binary"}, "key": {"string", "binary"}, "topic": {"string"},
@@ -24,9 +25,15 @@ _ALLOWED_COLUMNS = {
 
 def batch_columns(df: DataFrame, topic: str | None) -> tuple[str, ...]:
     """The columns of Spark's Kafka sink that ``df`` has, checked; ``topic`` (the option) drops the column."""
-    fields = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    return schema_columns(df.schema, topic)
+
+
+def schema_columns(schema: StructType, topic: str | None) -> tuple[str, ...]:
+    """The columns of Spark's Kafka sink that ``schema`` has, checked, with Spark's Kafka sink's errors."""
+    fields = {f.name: f.dataType.simpleString() for f in schema.fields}
     if "value" not in fields:
-        raise UsageError(f"the batch has no 'value' column (columns: {sorted(fields)})")
+        raise UsageError(f"required attribute 'value' not found: the batch has no 'value' column "
+                         f"(columns: {sorted(fields)})")
     columns = []
     for name, types in _ALLOWED_COLUMNS.items():
         if name not in fields:
@@ -37,7 +44,8 @@ def batch_columns(df: DataFrame, topic: str | None) -> tuple[str, ...]:
             continue  # the option overrides the column, as in Spark's Kafka sink
         columns.append(name)
     if topic is None and "topic" not in fields:
-        raise UsageError("no 'topic' column and no topic option: where should the rows go?")
+        raise UsageError("topic option required when no 'topic' attribute is present: the batch has no "
+                         "'topic' column and no topic option is set")
     return tuple(columns)
 
 

@@ -11,6 +11,7 @@ import logging
 import re
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,16 +19,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 from kafka2pc import TransactionAdmin, UsageError
 
-from ._completion import (
-    Completion,
-    complete,
-    job_error,
-    repair_mismatch,
-    repair_refusal,
-    settle_open,
-)
+from ._completion import job_error
 from ._config import batch_columns, default_transaction_timeout_ms, executor_config
 from ._executor import ArrowWriter, TaskHook, WriterSpec
+from ._protocol import Rewrite, SinkCoordinator
 from ._session import local_path, qualify, running_query_checkpoint, running_query_id
 from ._store import DecisionStore, HadoopDecisionStore, LocalDecisionStore
 from ._values import (
@@ -37,8 +32,6 @@ from ._values import (
     PartitionResult,
     SinkCompletionError,
     SinkDecision,
-    SinkRepairError,
-    SinkStep,
     SinkTransaction,
     StepHook,
     UnknownTopicError,
@@ -58,11 +51,21 @@ class _Binding:
     """The sink's state for one query (one checkpoint): its ids, its decisions, its lock."""
 
     checkpoint: str | None
-    sink_id: str
-    transactional_id_base: str
-    store: DecisionStore
+    coordinator: SinkCoordinator
     lock: threading.Lock = field(default_factory=threading.Lock)
     recovered: bool = False
+
+    @property
+    def sink_id(self) -> str:
+        return self.coordinator.sink_id
+
+    @property
+    def transactional_id_base(self) -> str:
+        return self.coordinator.transactional_id_base
+
+    @property
+    def store(self) -> DecisionStore:
+        return self.coordinator.store
 
 
 class KafkaTwoPhaseSink:
@@ -88,10 +91,9 @@ class KafkaTwoPhaseSink:
     ``sink_id`` or ``decision_store`` is tied to one query; another query
     calling it gets a :class:`~kafka2pc.UsageError`.
 
-    ``faults`` (a :data:`TaskHook`, e.g. :class:`FaultInjection`) and
-    ``on_step`` (a :data:`StepHook`) are testing and tracing aids: the first
-    is pickled to the executors and called at each :class:`TaskStep` of a
-    task, the second is called on the driver at each :class:`SinkStep`.
+    ``on_step`` (a :data:`StepHook`) is a testing and tracing aid called on
+    the driver at each :class:`SinkStep`.  ``faults`` is deprecated: task
+    hooks are a testing aid, given through a private seam of the tests.
 
     ``sink.metrics`` holds the last ``metrics_history`` :class:`BatchMetrics`;
     ``sink.last_batch_metrics`` the newest.  Call :meth:`recover` to settle
@@ -139,7 +141,14 @@ class KafkaTwoPhaseSink:
         self._store = decision_store
         self._retain = max(2, decisions_to_retain)
         self._max_repairs = max_repairs
-        self._task_hook = faults
+        self._task_hook: TaskHook | None = None
+        if faults is not None:
+            warnings.warn(
+                "KafkaTwoPhaseSink(faults=...) is deprecated and will be removed in the next minor release: "
+                "task hooks are a testing aid (kafka2pc.recipes.spark._faults.inject_task_hook)",
+                DeprecationWarning, stacklevel=2,
+            )
+            self._task_hook = faults
         self._on_step = on_step
         self._metrics: deque[BatchMetrics] = deque(maxlen=max(1, metrics_history))
         self._admin: TransactionAdmin | None = None
@@ -186,16 +195,24 @@ class KafkaTwoPhaseSink:
             self._current = binding
             self._run_batch(binding, df, int(batch_id))
 
-    def recover(self, spark: SparkSession | None = None) -> int:
-        """Settle every open transaction of this sink with the last durable decision; return how many.
+    def recover(self, spark: SparkSession | None = None, *, checkpoint_location: str | None = None) -> int:
+        """Settle every open transaction of this sink with the last durable decision; return how many aborted.
 
-        With ``spark``, the query (checkpoint) it names; without, every query
-        this sink has served.  Runs automatically before the first batch of
-        every query in every driver process.
+        Runs automatically before the first batch of every query in every
+        driver process; call it after a query failed or was stopped to end
+        what it left open at once.  With ``spark``, the query calling it (from
+        inside its ``foreachBatch``), else the query whose checkpoint is
+        ``checkpoint_location`` (default: the sink's own), else the one query
+        this sink served.  Without ``spark``, every query this sink served.
+        From a new driver process::
+
+            KafkaTwoPhaseSink(config, topic="out").recover(spark, checkpoint_location="/chk/q1")
         """
         if spark is not None:
-            bindings = [self._binding_for(spark)]
+            bindings = [self._binding_for(spark, checkpoint_location)]
         else:
+            if checkpoint_location is not None:
+                raise UsageError("recover(checkpoint_location=...) needs the SparkSession: recover(spark, ...)")
             with self._lock:
                 bindings = list(self._bindings.values())
             if not bindings:
@@ -203,7 +220,7 @@ class KafkaTwoPhaseSink:
         settled = 0
         for binding in bindings:
             with binding.lock:
-                settled += self._settle_leftovers(binding)
+                settled += binding.coordinator.settle_leftovers()
                 binding.recovered = True
         return settled
 
@@ -216,55 +233,56 @@ class KafkaTwoPhaseSink:
     # -- one batch -------------------------------------------------------------------
     def _run_batch(self, b: _Binding, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        c = b.coordinator
         existing = b.store.get(batch_id)
         if existing is not None:
             logger.info("batch %d: replayed; decision revision %d exists: completing it, not writing again",
                         batch_id, existing.revision)
             t0 = time.monotonic()
-            final, completion, repaired = self._complete_with_repair(b, df, existing)
+            done = c.complete(existing, self._rewriter(b, df))
             b.recovered = True
             now = time.monotonic()
             self._record(BatchMetrics(
-                batch_id, True, sum(t.records for t in final.transactions), len(final.transactions), 0,
-                completion.committed, completion.strays_aborted, 0, tuple(repaired), {}, 0.0, 0.0, 0.0, 0.0,
-                0.0, 0.0, now - t0, now - started, now - t0,
+                batch_id, True, sum(t.records for t in done.decision.transactions), len(done.decision.transactions),
+                0, done.completion.committed, done.completion.strays_aborted, 0, tuple(done.repaired), {}, 0.0, 0.0,
+                0.0, 0.0, 0.0, 0.0, now - t0, now - started, now - t0,
             ))
             return
         t0 = time.monotonic()
         leftovers = 0
         if not b.recovered:
-            leftovers = self._settle_leftovers(b)
+            leftovers = c.settle_leftovers()
             b.recovered = True
         self._check_topic_option()
         settle_s = time.monotonic() - t0
         t1 = time.monotonic()
         results = self._write(b, df, batch_id)
         write_s = time.monotonic() - t1
-        self._step(SinkStep.AFTER_PREPARE, batch_id)
         t2 = time.monotonic()
-        decision = SinkDecision(
-            b.sink_id, batch_id, 0,
-            tuple(SinkTransaction(r.partition, r.transactional_id, r.state, r.records, r.fingerprint)
-                  for r in results),
-            int(time.time() * 1000),
-        )
-        b.store.put(decision)
+        decision = c.decide(batch_id, results)
         decision_s = time.monotonic() - t2
-        self._step(SinkStep.AFTER_DECISION, batch_id)
         t3 = time.monotonic()
-        final, completion, repaired = self._complete_with_repair(b, df, decision)
+        done = c.complete(decision, self._rewriter(b, df))
         now = time.monotonic()
-        visible = completion.visible_at or now  # the last commit; the stray sweep after it hides nothing
-        if batch_id % 10 == 0:
-            self._purge(b, batch_id)
+        visible = done.completion.visible_at or now  # the last commit; the stray sweep after it hides nothing
+        c.purge(batch_id)
         self._record(BatchMetrics(
-            batch_id, False, sum(t.records for t in final.transactions), len(final.transactions), len(results),
-            completion.committed, completion.strays_aborted, leftovers, tuple(repaired),
-            {r.partition: r.attempt for r in results}, settle_s, write_s,
+            batch_id, False, sum(t.records for t in done.decision.transactions), len(done.decision.transactions),
+            len(results), done.completion.committed, done.completion.strays_aborted, leftovers,
+            tuple(done.repaired), {r.partition: r.attempt for r in results}, settle_s, write_s,
             max((r.open_s for r in results), default=0.0), max((r.write_s for r in results), default=0.0),
             max((r.prepare_s for r in results), default=0.0), decision_s, now - t3,
             visible - started, visible - t2,
         ))
+
+    def _rewriter(self, b: _Binding, df: DataFrame) -> Rewrite:
+        """The repair's rewrite: run the write job again for the lost partitions (all of them when ``whole``)."""
+
+        def rewrite(decision: SinkDecision, lost: frozenset[int], whole: bool) -> list[PartitionResult]:
+            return self._write(b, df, decision.batch_id, repair=True, only_partitions=None if whole else lost,
+                               named=decision.by_transactional_id())
+
+        return rewrite
 
     def _write(
         self, b: _Binding, df: DataFrame, batch_id: int, *, repair: bool = False,
@@ -297,7 +315,7 @@ class KafkaTwoPhaseSink:
         try:
             rows = job.collect()
         except Exception as exc:
-            aborted = self._abort_undecided(b, batch_id, named)
+            aborted = b.coordinator.abort_undecided(batch_id, named)
             raise job_error(batch_id, exc, aborted) from exc
         results = sorted(
             (PartitionResult(**{name: row[name] for name in RESULT_COLUMNS}) for row in rows),
@@ -308,92 +326,9 @@ class KafkaTwoPhaseSink:
             raise SinkCompletionError(f"batch {batch_id}: more than one result for a partition: {seen}")
         return results
 
-    def _abort_undecided(self, b: _Binding, batch_id: int, named: Mapping[str, SinkTransaction] | None) -> int:
-        if named is None:
-            latest = b.store.latest()
-            named = latest.by_transactional_id() if latest is not None else {}
-        admin = self._transaction_admin()
-        aborted = settle_open(admin, b.transactional_id_base, named)
-        # A task Spark had launched before the job failed may still open its
-        # transaction after the first sweep (the sweep fences every producer
-        # it finds, not one that starts later); Spark kills such tasks' Python
-        # workers within spark.python.task.killTimeout (2 s): sweep once more.
-        time.sleep(_SECOND_SWEEP_S)
-        aborted += settle_open(admin, b.transactional_id_base, named)
-        logger.warning("batch %d failed before its decision: aborted %d prepared transactions", batch_id, aborted)
-        return aborted
-
-    def _complete_with_repair(
-        self, b: _Binding, df: DataFrame, decision: SinkDecision
-    ) -> tuple[SinkDecision, Completion, list[int]]:
-        repaired: list[int] = []
-        total = Completion()
-        admin = self._transaction_admin()
-        batch_id = decision.batch_id
-        for round_ in range(self._max_repairs + 1):
-            completion = complete(admin, b.transactional_id_base, decision,
-                                  lambda: self._step(SinkStep.MID_COMPLETION, batch_id))
-            total.committed += completion.committed
-            total.strays_aborted += completion.strays_aborted
-            total.visible_at = completion.visible_at
-            if not completion.aborted:
-                return decision, total, repaired
-            if round_ == self._max_repairs:
-                break
-            lost = frozenset(completion.aborted)
-            logger.warning(
-                "batch %d: Kafka aborted the decided transactions of partitions %s (a late task attempt "
-                "re-initialised the id, or the transaction timed out): writing them again",
-                decision.batch_id, sorted(lost),
-            )
-            decision = self._repair(b, df, decision, lost)
-            repaired.extend(sorted(lost))
-        raise SinkCompletionError(
-            f"batch {decision.batch_id}: partitions {completion.aborted} still aborted after "
-            f"{self._max_repairs} repairs"
-        )
-
-    def _repair(self, b: _Binding, df: DataFrame, decision: SinkDecision, lost: frozenset[int]) -> SinkDecision:
-        """Write the lost partitions again and record the new states as a new revision of the decision.
-
-        When every decided transaction was aborted, nothing of the batch is
-        visible, and the whole batch is written again in whatever partitioning
-        the replay has (its total content must match).  Otherwise only the lost
-        partitions are written, and every partition of the replay must match
-        what the decision recorded: a different cut would lose or duplicate rows.
-        """
-        whole = lost == {t.partition for t in decision.transactions}
-        named = decision.by_transactional_id()
-        replay = self._write(
-            b, df, decision.batch_id, repair=True, only_partitions=None if whole else lost, named=named
-        )
-        problem = repair_mismatch(decision.transactions, replay, whole)
-        if problem is not None:
-            settle_open(self._transaction_admin(), b.transactional_id_base, named)  # what the replay prepared
-            raise SinkRepairError(repair_refusal(decision, lost, problem, b.store.location))
-        written = {r.partition: r for r in replay if r.written}
-        if whole:
-            transactions = tuple(
-                SinkTransaction(r.partition, r.transactional_id, r.state, r.records, r.fingerprint)
-                for r in written.values()
-            )
-        else:
-            transactions = tuple(
-                SinkTransaction(t.partition, t.transactional_id, written[t.partition].state,
-                                written[t.partition].records, written[t.partition].fingerprint)
-                if t.partition in lost else t
-                for t in decision.transactions
-            )
-        repaired = SinkDecision(decision.sink_id, decision.batch_id, decision.revision + 1, transactions,
-                                int(time.time() * 1000))
-        b.store.put(repaired)
-        return repaired
-
     def _settle_leftovers(self, b: _Binding) -> int:
         """Before writing anything: commit what the last decision names, abort every other open transaction."""
-        latest = b.store.latest()
-        return settle_open(self._transaction_admin(), b.transactional_id_base,
-                           latest.by_transactional_id() if latest is not None else {})
+        return b.coordinator.settle_leftovers()
 
     def _check_topic_option(self) -> None:
         """Fail fast, naming it, if the ``topic`` option names a topic the cluster does not have."""
@@ -404,19 +339,31 @@ class KafkaTwoPhaseSink:
         self._topic_checked = True
 
     # -- helpers ---------------------------------------------------------------
-    def _binding_for(self, spark: SparkSession) -> _Binding:
-        """The sink's state for the query calling us; created on its first batch (or refused)."""
+    def _binding_for(self, spark: SparkSession, checkpoint_location: str | None = None) -> _Binding:
+        """The sink's state for the query calling us; created on its first batch (or refused).
+
+        Outside a query (``recover`` after the query stopped): the query at
+        ``checkpoint_location`` or the sink's own, else the only one served.
+        """
         query_id = running_query_id(spark)
         with self._lock:
-            if query_id is not None and query_id in self._by_query:
+            if query_id is not None and query_id in self._by_query and checkpoint_location is None:
                 return self._by_query[query_id]
-            checkpoint = self._resolve_checkpoint(spark)
+            if query_id is None and checkpoint_location is None and self._checkpoint_location is None:
+                if len(self._bindings) == 1:
+                    (only,) = self._bindings.values()
+                    return only
+                if self._bindings:
+                    raise UsageError(
+                        "this sink served several queries: pass checkpoint_location=... to say which to recover"
+                    )
+            checkpoint = self._resolve_checkpoint(spark, checkpoint_location)
             key = checkpoint.rstrip("/") if checkpoint is not None else ""
             binding = self._bindings.get(key)
             if binding is None:
                 binding = self._new_binding(spark, checkpoint)
                 self._bindings[key] = binding
-            if query_id is not None:
+            if query_id is not None and checkpoint_location is None:
                 self._by_query[query_id] = binding
             return binding
 
@@ -445,22 +392,30 @@ class KafkaTwoPhaseSink:
             directory = f"{checkpoint.rstrip('/')}/kafka2pc/{sink_id}"
             store = (LocalDecisionStore(local_path(directory)) if directory.startswith("file:")
                      else HadoopDecisionStore(spark, directory))
-        binding = _Binding(checkpoint, sink_id, f"{self._prefix}{sink_id}", store)
+        coordinator = SinkCoordinator(self._transaction_admin, sink_id, f"{self._prefix}{sink_id}", store,
+                                      max_repairs=self._max_repairs, decisions_to_retain=self._retain,
+                                      on_step=self._on_step)
+        binding = _Binding(checkpoint, coordinator)
         logger.info("sink %s: transactional ids %s-<partition>, decisions in %s", sink_id,
                     binding.transactional_id_base, store.location)
         return binding
 
-    def _resolve_checkpoint(self, spark: SparkSession) -> str | None:
-        running = running_query_checkpoint(spark)
-        if self._checkpoint_location is None:
+    def _resolve_checkpoint(self, spark: SparkSession, location: str | None = None) -> str | None:
+        running = running_query_checkpoint(spark) if location is None else None
+        location = location if location is not None else self._checkpoint_location
+        if location is None:
             return running
-        given = qualify(spark, self._checkpoint_location)
+        given = qualify(spark, location)
         if running is not None and running.rstrip("/") != given.rstrip("/"):
             raise UsageError(
-                f"checkpoint_location={self._checkpoint_location!r} ({given}) is not the running query's "
+                f"checkpoint_location={location!r} ({given}) is not the running query's "
                 f"checkpoint location {running}: decisions must live with the query's checkpoint (a sink "
                 "built with checkpoint_location=... serves that one query only)"
             )
+        if self._checkpoint_location is not None and location != self._checkpoint_location:
+            own = qualify(spark, self._checkpoint_location)
+            if own.rstrip("/") != given.rstrip("/"):
+                raise UsageError(f"this sink serves the query with checkpoint {own}, not {given}")
         return given
 
     def _columns(self, df: DataFrame) -> tuple[str, ...]:
@@ -480,14 +435,6 @@ class KafkaTwoPhaseSink:
                 self._admin = TransactionAdmin(self._config)
             return self._admin
 
-    def _purge(self, b: _Binding, batch_id: int) -> None:
-        try:
-            gone = b.store.purge(batch_id - self._retain)
-            if gone:
-                logger.debug("purged %d old decisions", gone)
-        except Exception as exc:  # noqa: BLE001 - purging is housekeeping; never fail a batch for it
-            logger.warning("could not purge old decisions: %s", exc)
-
     def _record(self, metrics: BatchMetrics) -> None:
         self._metrics.append(metrics)
         logger.info(
@@ -499,10 +446,5 @@ class KafkaTwoPhaseSink:
             metrics.completion_s, metrics.time_to_visibility_s,
         )
 
-    def _step(self, step: SinkStep, batch_id: int) -> None:
-        if self._on_step is not None:
-            self._on_step(step, batch_id)
-
 
 _FINGERPRINT_COLUMN: Final = "__kafka2pc_row_hash"
-_SECOND_SWEEP_S: Final = 3.0

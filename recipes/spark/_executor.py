@@ -61,8 +61,8 @@ _admins: dict[tuple[tuple[str, str], ...], TransactionAdmin] = {}
 _admins_lock = threading.Lock()
 
 
-def _shared_admin(config: Mapping[str, Any]) -> TransactionAdmin:
-    """One coordinator connection per Python worker and cluster, reused by its tasks.
+def shared_admin(config: Mapping[str, Any]) -> TransactionAdmin:
+    """One coordinator connection per Python worker and cluster, reused by its tasks (and the driver's workers).
 
     PySpark reuses worker processes across tasks, so this saves a metadata
     bootstrap per task; the producer itself is created per task on purpose
@@ -101,11 +101,23 @@ class WriterSpec:
         return f"{self.transactional_id_base}-{partition}"
 
 
-def open_producer(spec: WriterSpec, partition: int) -> TwoPhaseCommitProducer:
+def attempt_transactional_id(base: str, partition: int, slot: int, attempt: int) -> str:
+    """The data source's transactional id for one task attempt: ``<base>-<partition>.<slot>.<attempt>``.
+
+    Every attempt has its own id, so a late speculative copy never re-initialises
+    (and so aborts) the transaction of the attempt whose result was decided; the
+    stray sweep after each commit aborts the copies' transactions.  ``slot``
+    differs from every slot the latest decision uses, so the replay of a decided
+    batch after a driver restart leaves the decided transactions alone.
+    """
+    return f"{base}-{partition}.{slot}.{attempt}"
+
+
+def open_producer(spec: WriterSpec, partition: int, transactional_id: str | None = None) -> TwoPhaseCommitProducer:
     """A producer under partition ``partition``'s id with a begun transaction (fences every other attempt)."""
     config = dict(spec.producer_config)
-    config["transactional.id"] = spec.transactional_id(partition)
-    producer = TwoPhaseCommitProducer(config, control_plane=_shared_admin(config).control_plane)
+    config["transactional.id"] = transactional_id or spec.transactional_id(partition)
+    producer = TwoPhaseCommitProducer(config, control_plane=shared_admin(config).control_plane)
     producer.init_transactions()  # fences every other attempt using this id; aborts what it left open
     producer.begin_transaction()
     return producer
@@ -137,7 +149,7 @@ def require_topics(spec: WriterSpec, topics: Iterable[str | None]) -> None:
     missing = {t for t in topics if t is not None and (cluster, t) not in _known_topics}
     if not missing:
         return
-    existing = set(_shared_admin(spec.producer_config).topic_names())
+    existing = set(shared_admin(spec.producer_config).topic_names())
     _known_topics.update((cluster, t) for t in existing)
     for topic in sorted(missing):
         if topic not in existing:
@@ -198,7 +210,8 @@ def produce_batch(producer: TwoPhaseCommitProducer, spec: WriterSpec, batch: pa.
 
 
 def write_partition(
-    spec: WriterSpec, batches: Iterable[pa.RecordBatch], partition: int, attempt: int
+    spec: WriterSpec, batches: Iterable[pa.RecordBatch], partition: int, attempt: int,
+    transactional_id: str | None = None,
 ) -> PartitionResult | None:
     """Write one partition's rows in one Kafka transaction and prepare it (runs on an executor).
 
@@ -208,6 +221,7 @@ def write_partition(
     durable, commits it.  On failure the transaction is aborted if possible
     and the exception propagates, so Spark retries the task; a retry's
     ``init_transactions`` fences this attempt and aborts what it left open.
+    ``transactional_id`` replaces the partition's id (the data source's per-attempt ids).
     """
     hook = spec.task_hook
     kept: list[pa.RecordBatch] = []
@@ -219,7 +233,8 @@ def write_partition(
     # Open (init_transactions) before pulling the first rows: the JVM computes the
     # input meanwhile.  (Opening on a helper thread while buffering the first rows
     # measured no faster: the GIL is shared with the Arrow reads.)
-    producer = open_producer(spec, partition)
+    tid = transactional_id or spec.transactional_id(partition)
+    producer = open_producer(spec, partition, tid)
     open_s = time.monotonic() - started
     try:
         for batch in batches:
@@ -246,8 +261,8 @@ def write_partition(
     if hook is not None:
         hook(TaskPoint(TaskStep.PREPARED, spec, partition, attempt, tuple(kept)))
     return PartitionResult(
-        partition, attempt, spec.transactional_id(partition), str(state), records,
-        open_s, write_done - started - open_s, prepare_s, combine_fingerprints([fingerprint]),
+        partition, attempt, tid, str(state), records, open_s, write_done - started - open_s, prepare_s,
+        combine_fingerprints([fingerprint]) if spec.fingerprint_column is not None else "",
     )
 
 

@@ -1,15 +1,21 @@
 """Fault injection for the sink's tests: a task hook that fails attempts or runs duplicate ones.
 
-A testing aid, never used unless passed in (``KafkaTwoPhaseSink(faults=FaultInjection(...))``).
-It is a picklable value, so it reaches the executors with the writer.
+A testing aid, never used unless passed in through the private seams:
+:func:`inject_task_hook` for a :class:`~kafka2pc.recipes.spark.KafkaTwoPhaseSink`,
+the ``_task_hook`` class attribute of a ``Kafka2pcDataSource`` subclass.  It is
+a picklable value, so it reaches the executors with the writer.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from ._executor import TaskPoint, TaskStep, open_producer, produce_batch
+from ._executor import TaskHook, TaskPoint, TaskStep, open_producer, produce_batch
+
+if TYPE_CHECKING:
+    from ._driver import KafkaTwoPhaseSink
 
 logger = logging.getLogger("kafka2pc.recipes.spark_sink")
 
@@ -56,6 +62,12 @@ class FaultInjection:
                 and point.attempt < self.fail_task_attempts):
             raise RuntimeError(f"kafka2pc fault injection: task for partition {point.partition} attempt "
                                f"{point.attempt} fails after prepare")
+
+
+def inject_task_hook(sink: KafkaTwoPhaseSink, hook: TaskHook | None) -> KafkaTwoPhaseSink:
+    """Give ``sink``'s tasks a task hook (a testing aid: the seam that replaces ``faults=``); return the sink."""
+    sink._task_hook = hook
+    return sink
 
 
 _DUPLICATE_AT = {"fences_original": TaskStep.OPENED.value, "after_prepare": TaskStep.PREPARED.value}

@@ -69,6 +69,7 @@ def main() -> None:
     for noisy in ("kafka", "py4j", "pyspark"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
+    from kafka2pc.recipes.spark._faults import inject_task_hook
     from kafka2pc.recipes.spark_sink import KafkaTwoPhaseSink
     from pyspark.sql import SparkSession
 
@@ -88,8 +89,10 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
 
     producer_config = {"bootstrap.servers": cfg["bootstrap"], **cfg.get("producer_config", {})}
-    sink = KafkaTwoPhaseSink(producer_config, topic=cfg["out_topic"], on_step=crash_hook(),
-                             faults=task_hook(cfg.get("task_hook")))
+    if cfg.get("sink") == "datasource":
+        run_data_source(spark, cfg, producer_config)
+    sink = KafkaTwoPhaseSink(producer_config, topic=cfg["out_topic"], on_step=crash_hook())
+    inject_task_hook(sink, task_hook(cfg.get("task_hook")))
     done = threading.Event()
 
     if cfg["source"] == "rate":
@@ -143,6 +146,53 @@ def main() -> None:
     sink.close()
     spark.stop()
     os._exit(0)  # do not wait for py4j's non-daemon threads
+
+
+def run_data_source(spark, cfg, producer_config):  # type: ignore[no-untyped-def]
+    """format("kafka2pc"): ``source`` "files" streams (AvailableNow), "batch" writes the files in one job."""
+    from kafka2pc.recipes.spark.datasource import Kafka2pcDataSource
+
+    class Source(Kafka2pcDataSource):
+        _on_step = crash_hook()
+        _task_hook = task_hook(cfg.get("task_hook"))
+
+    if not cfg.get("auto_register"):  # else PySpark finds the installed pyspark_kafka2pc module's DefaultSource
+        spark.dataSource.register(Source)
+    options = {f"kafka.{k}": str(v) for k, v in producer_config.items()}
+    options["topic"] = cfg["out_topic"]
+    error = None
+    if cfg["source"] == "batch":
+        options.update({"kafka2pc.runId": cfg["run_id"], "kafka2pc.decisionPath": cfg["decision_path"]})
+        df = spark.read.schema("id long, v string").json(cfg["files_dir"]).selectExpr(
+            "CAST(id % 7 AS STRING) AS key", "v AS value")
+        try:
+            df.write.format("kafka2pc").options(**options).mode("append").save()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            error = exc
+    else:
+        running = (
+            spark.readStream.schema("id long, v string")
+            .option("maxFilesPerTrigger", int(cfg["files_per_batch"]))
+            .json(cfg["files_dir"])
+            .selectExpr("CAST(id % 7 AS STRING) AS key", "v AS value")
+            .writeStream.format("kafka2pc").options(**options).option("checkpointLocation", cfg["checkpoint"])
+            .trigger(availableNow=True).start()
+        )
+        try:
+            if not running.awaitTermination(240):
+                raise SystemExit("the AvailableNow query did not finish in 240s")
+        except Exception:  # noqa: BLE001 - PySpark raises the query's failure here; reported below
+            pass
+        error = running.exception()
+    if error is not None:
+        with open(cfg["error_path"], "w") as err:
+            err.write(str(error))
+        spark.stop()
+        os._exit(3)
+    with open(cfg["metrics_path"], "w") as out:
+        json.dump([], out)
+    spark.stop()
+    os._exit(0)
 
 
 if __name__ == "__main__":

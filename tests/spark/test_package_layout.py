@@ -19,7 +19,7 @@ def test_old_module_path_exports_the_package_names() -> None:
 
 
 def test_library_reads_no_environment_and_kills_no_process() -> None:
-    """Fault injection is passed in (``faults=``, ``on_step=``), never read from the environment."""
+    """Fault injection is passed in (task hooks through a private seam, ``on_step=``), never read from the environment."""
     for source in Path(package.__file__).parent.glob("*.py"):
         tree = ast.parse(source.read_text())
         for node in ast.walk(tree):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _sparkkit import assert_exactly_once, hanging
 from confluent_kafka import Consumer
+from kafka2pc.recipes.spark._faults import inject_task_hook
 from kafka2pc.recipes.spark_sink import (
     FaultInjection,
     HadoopDecisionStore,
@@ -74,7 +75,7 @@ def test_task_failing_after_prepare_is_retried_without_duplicates(
     """Attempt 0 of partition 0 prepares its transaction and then fails: the retry's transaction commits, not both."""
     out = topic_factory(partitions=2)
     faults = FaultInjection(fail_task_at="after_prepare", fail_task_attempts=1, fail_partitions=(0,))
-    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, faults=faults)
+    sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out), faults)
     run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
 
     assert [m.batch_id for m in sink.metrics] == [0, 1, 2]
@@ -93,7 +94,7 @@ def test_speculative_copy_fencing_the_original_makes_it_fail(
     """A second attempt that starts while the first one writes fences it: the first fails, a retry wins."""
     out = topic_factory(partitions=2)
     faults = FaultInjection(duplicate_attempt="fences_original", fail_partitions=(1,), task_batch=1)
-    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, faults=faults)
+    sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out), faults)
     run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
 
     by_batch = {m.batch_id: m for m in sink.metrics}
@@ -109,7 +110,7 @@ def test_late_speculative_copy_aborting_the_winner_is_repaired(
     """A copy that starts after the original prepared aborts the winner's transaction; the sink rewrites it once."""
     out = topic_factory(partitions=2)
     faults = FaultInjection(duplicate_attempt="after_prepare", fail_partitions=(0,), task_batch=1)
-    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, faults=faults)
+    sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out), faults)
     run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
 
     by_batch = {m.batch_id: m for m in sink.metrics}
@@ -243,6 +244,14 @@ def test_columns_key_topic_partition_headers(
         )
     with pytest.raises(UsageError, match="transactional"):
         KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap, "transactional.id": "x"}, topic=t1)
+
+
+def test_faults_argument_is_a_deprecated_alias_of_the_task_hook_seam() -> None:
+    faults = FaultInjection(fail_task_at="after_prepare")
+    with pytest.warns(DeprecationWarning, match="inject_task_hook"):
+        sink = KafkaTwoPhaseSink({"bootstrap.servers": "127.0.0.1:9"}, topic="t", faults=faults)
+    assert sink._task_hook is faults
+    assert inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": "127.0.0.1:9"}), faults)._task_hook is faults
 
 
 def _consume_with_headers(bootstrap: str, topic: str, expected: int) -> list[Any]:

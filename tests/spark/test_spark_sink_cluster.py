@@ -1,9 +1,12 @@
-"""The sink on a Spark standalone cluster (Master + two Workers on 127.0.0.1 and 127.0.0.2).
+"""Both paths on a Spark standalone cluster (Master + two Workers on 127.0.0.1 and 127.0.0.2).
 
 Each test runs a driver process (``_spark_driver.py``) against the cluster:
 an executor JVM killed with SIGKILL while its task holds a prepared
 transaction, and a real speculative copy of a slow task on the other Worker
-("host").  Every row must be visible exactly once, nothing left open.
+("host").  Every row must be visible exactly once, nothing left open.  Each
+runs for the ``foreachBatch`` sink (a rate source) and, on PySpark 4, for
+``format("kafka2pc")`` (JSON files, AvailableNow: the data source has no
+per-batch hook to stop at a batch).
 """
 
 from __future__ import annotations
@@ -17,9 +20,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import pytest
-from _sparkkit import assert_exactly_once, finish_driver, start_driver
+from _sparkkit import assert_exactly_once, finish_driver, start_driver, write_json_files
 from _standalone import StandaloneCluster, java_ancestor, start_cluster
+from kafka2pc.recipes.spark import LocalDecisionStore
+
+PATHS = ["foreachBatch"] + (["datasource"] if int(pyspark.__version__.split(".")[0]) >= 4 else [])
+"""The write paths this PySpark line has (the data source needs PySpark 4)."""
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +54,37 @@ def nums(n: int) -> list[bytes]:
     return [str(i).encode() for i in range(n)]
 
 
+def source_cfg(path: str, tmp_path: Path, rows: int, last: int) -> tuple[dict[str, Any], list[bytes]]:
+    """The driver's input for ``path`` (batches 0..last of ``rows`` rows) and the values it must write."""
+    if path == "foreachBatch":
+        return {"source": "rate", "rows_per_batch": rows, "last_batch": last}, nums(rows * (last + 1))
+    expected = write_json_files(tmp_path / "in", [rows // 2] * (2 * (last + 1)))
+    return {"sink": "datasource", "source": "files", "files_dir": str(tmp_path / "in"), "files_per_batch": 2}, expected
+
+
+def attempt_used(path: str, tmp_path: Path, metrics_path: Path, batch: int, partition: int) -> int:
+    """The attempt number whose result the batch's decision took for ``partition``."""
+    if path == "foreachBatch":
+        metrics = {m["batch_id"]: m for m in json.loads(metrics_path.read_text())}
+        return int(metrics[batch]["task_attempts"][str(partition)])
+    (sink_dir,) = (tmp_path / "chk" / "kafka2pc").iterdir()
+    decision = LocalDecisionStore(sink_dir).get(batch)
+    assert decision is not None
+    (tid,) = [t.transactional_id for t in decision.transactions if t.partition == partition]
+    return int(tid.rsplit(".", 1)[1])
+
+
+@pytest.mark.parametrize("path", PATHS)
 def test_executor_killed_while_its_task_holds_a_prepared_transaction(
-    cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+    cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path, path: str
 ) -> None:
     rows, last = 300, 3
     out = topic_factory(partitions=2)
     marker = tmp_path / "blocked.pid"
+    source, expected = source_cfg(path, tmp_path, rows, last)
     cfg = {
-        "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"),
-        "source": "rate", "rows_per_batch": rows, "last_batch": last, "master": cluster.master_url,
-        "spark_conf": cluster_conf(cluster),
+        "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"), **source,
+        "master": cluster.master_url, "spark_conf": cluster_conf(cluster),
         "task_hook": {"kind": "BlockAt", "step": "prepared", "batch": 1, "partition": 0, "marker": str(marker)},
     }
     run = start_driver(cfg, tmp_path, None, "run")
@@ -74,21 +103,24 @@ def test_executor_killed_while_its_task_holds_a_prepared_transaction(
         if run.proc.poll() is None:
             run.kill_group()
     assert rc == 0, f"driver failed (rc={rc}): {run.log()}"
-    metrics = {m["batch_id"]: m for m in json.loads(run.metrics_path.read_text())}
-    assert sorted(metrics) == list(range(last + 1))
-    assert int(metrics[1]["task_attempts"]["0"]) >= 1  # the killed attempt's task ran again elsewhere
-    assert_exactly_once(kafka_bootstrap, out, nums(rows * (last + 1)))
+    if path == "foreachBatch":
+        metrics = {m["batch_id"]: m for m in json.loads(run.metrics_path.read_text())}
+        assert sorted(metrics) == list(range(last + 1))
+    assert attempt_used(path, tmp_path, run.metrics_path, 1, 0) >= 1  # the killed attempt's task ran again
+    assert_exactly_once(kafka_bootstrap, out, expected)
 
 
+@pytest.mark.parametrize("path", PATHS)
 def test_real_speculative_copy_on_the_other_worker(
-    cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+    cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path, path: str
 ) -> None:
     """Attempt 0 of one task stalls after opening its transaction; Spark speculates it on the other host."""
     rows, last = 300, 2
     out = topic_factory(partitions=2)
+    source, expected = source_cfg(path, tmp_path, rows, last)
     cfg = {
-        "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"),
-        "source": "rate", "rows_per_batch": rows, "last_batch": last, "master": cluster.master_url,
+        "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"), **source,
+        "master": cluster.master_url,
         "spark_conf": cluster_conf(
             cluster, **{
                 "spark.speculation": "true", "spark.speculation.interval": "200ms",
@@ -100,9 +132,10 @@ def test_real_speculative_copy_on_the_other_worker(
     }
     before = cluster.applications()
     metrics = {m["batch_id"]: m for m in finish_driver(cfg, tmp_path, "run")}
-    assert sorted(metrics) == list(range(last + 1))
+    if path == "foreachBatch":
+        assert sorted(metrics) == list(range(last + 1))
     # Nothing failed, so an attempt number above 0 is the speculative copy, and it won.
-    assert int(metrics[1]["task_attempts"]["0"]) >= 1, metrics[1]
+    assert attempt_used(path, tmp_path, tmp_path / "run.metrics.json", 1, 0) >= 1
     # The executors' logs show both attempts of one task, running at once on the two hosts.
     attempts = cluster.task_attempts(cluster.applications() - before)
     hosts: dict[tuple[str, str, int], dict[int, str]] = {}
@@ -111,4 +144,4 @@ def test_real_speculative_copy_on_the_other_worker(
     speculated = [key for key, by_attempt in hosts.items() if {0, 1} <= set(by_attempt)
                   and by_attempt[0] != by_attempt[1]]
     assert speculated, f"no task ran two attempts on two hosts: {sorted(attempts)}"
-    assert_exactly_once(kafka_bootstrap, out, nums(rows * (last + 1)))
+    assert_exactly_once(kafka_bootstrap, out, expected)

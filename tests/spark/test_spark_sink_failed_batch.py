@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 from _sparkkit import assert_exactly_once, hanging
 from confluent_kafka import Producer
+from kafka2pc.recipes.spark._faults import inject_task_hook
 from kafka2pc.recipes.spark_sink import (
     FaultInjection,
     KafkaTwoPhaseSink,
@@ -66,6 +67,11 @@ def test_row_naming_a_missing_topic_fails_fast_names_it_and_leaves_nothing_open(
     theirs = other_application_writes(kafka_bootstrap, out, 3, "other")
     assert sorted(r.value for r in drain(kafka_bootstrap, out, "read_committed")) == sorted(theirs)
 
+    # The operator's recover() after the failure: for the sink's own query, and from a new driver
+    # process's sink given the checkpoint location (nothing is left open: both find nothing to do).
+    assert sink.recover(spark) == 0
+    assert KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}).recover(
+        spark, checkpoint_location=str(tmp_path / "chk")) == 0
     # The same batch with the topic fixed is written exactly once afterwards.
     sink(spark.range(0, 300, numPartitions=3).selectExpr("CAST(id AS STRING) AS value")
          .selectExpr(f"'{out}' AS topic", "value"), 0)
@@ -83,6 +89,42 @@ def test_missing_topic_option_fails_before_writing(
         sink(spark.range(10).selectExpr("CAST(id AS STRING) AS value"), 0)
     assert time.monotonic() - started < 10
     assert sink.decision_store is not None and sink.decision_store.get(0) is None
+    assert sink.recover(spark) == 0  # the operator's call after the failure works
+
+
+def test_recover_after_the_query_stopped_ends_what_it_left_open(
+    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """A streaming query fails in a batch whose tasks prepared (no value column reaches the tasks' checks).
+
+    Its sink (sink_id given, so tied to the query) and a new driver's sink given only the checkpoint
+    location both recover; nothing is left open and the next run writes exactly once.
+    """
+    import pyarrow as pa
+    from kafka2pc.recipes.spark import write_partition
+    from kafka2pc.recipes.spark_sink import _WriterSpec
+
+    out = topic_factory(partitions=2)
+    chk = tmp_path / "chk"
+    sink_id = f"rec-{uuid.uuid4().hex[:8]}"
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, sink_id=sink_id, checkpoint_location=str(chk))
+    query = (
+        spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 10).load()
+        .selectExpr("CAST(value AS STRING) AS value")  # no topic column, no topic option: the batch fails
+        .writeStream.foreachBatch(sink).option("checkpointLocation", str(chk)).start()
+    )
+    with pytest.raises(Exception, match="topic"):
+        query.awaitTermination(60)
+    # What a killed task of that query would have left: a prepared transaction under the sink's ids.
+    spec = _WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"kafka2pc-spark-{sink_id}", out, ("value",), 0)
+    write_partition(spec, [pa.RecordBatch.from_pydict({"value": [b"stale"] * 20})], 1, 0)
+    assert hanging(kafka_bootstrap, out) == 20
+    assert sink.recover(spark) == 1
+    assert hanging(kafka_bootstrap, out) == 0
+    write_partition(spec, [pa.RecordBatch.from_pydict({"value": [b"stale"] * 20})], 0, 0)
+    fresh = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, sink_id=sink_id)
+    assert fresh.recover(spark, checkpoint_location=str(chk)) == 1
+    assert hanging(kafka_bootstrap, out) == 0 and drain(kafka_bootstrap, out, "read_committed") == []
 
 
 def test_failed_task_after_other_partitions_prepared_aborts_them_all(
@@ -91,8 +133,8 @@ def test_failed_task_after_other_partitions_prepared_aborts_them_all(
     """Partition 1 fails on every attempt after preparing; partitions 0 and 2 prepared: all are aborted."""
     out = topic_factory(partitions=3)
     faults = FaultInjection(fail_task_at="after_prepare", fail_task_attempts=99, fail_partitions=(1,))
-    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, faults=faults,
-                             checkpoint_location=str(tmp_path / "chk"))
+    sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out,
+                                              checkpoint_location=str(tmp_path / "chk")), faults)
     df = spark.range(0, 300, numPartitions=3).selectExpr("CAST(id AS STRING) AS value")
     with pytest.raises(SinkWriteError, match="fault injection") as raised:
         sink(df, 0)
