@@ -26,7 +26,7 @@ logger = logging.getLogger("kafka2pc.recipes.spark_sink")
 
 
 class TaskStep(str, enum.Enum):
-    """Named points of one task attempt, passed to the sink's task hook (``faults=``)."""
+    """Named points of one task attempt, passed to the sink's task hook (a testing seam)."""
 
     OPENED = "opened"
     """The transaction is begun and the first non-empty Arrow batch is in hand; nothing produced yet."""

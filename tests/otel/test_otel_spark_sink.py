@@ -65,12 +65,15 @@ def test_a_repaired_partition_counts_as_a_repaired_heuristic_outcome(
     otel: Collected, spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """A late duplicate attempt aborts the decided transaction of partition 0: the sink writes it again."""
+    from kafka2pc.recipes.spark._faults import inject_task_hook
     from kafka2pc.recipes.spark_sink import FaultInjection
 
     out = create_topic(kafka_bootstrap, partitions=2)
     faults = FaultInjection(duplicate_attempt="after_prepare", fail_partitions=(0,))
-    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, faults=faults,
-                             checkpoint_location=str(tmp_path / "chk"))
+    sink = inject_task_hook(
+        KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, checkpoint_location=str(tmp_path / "chk")),
+        faults,
+    )
     foreach_batch = otel.telemetry.instrument_spark_sink(sink)
     foreach_batch(spark.range(0, 100, numPartitions=2).selectExpr("CAST(id AS STRING) AS value"), 0)
     sink.close()
