@@ -144,7 +144,8 @@ class DualWriter(Settling):
         self._recoveries = 0
         self._heuristics = 0
         self._republished = 0
-        self._topics = TopicCheck(self._config)
+        # A new topic's metadata lookup is one of the transaction's Kafka calls: bounded by kafka_timeout_s too.
+        self._topics = TopicCheck(self._config, timeout_s=kafka_timeout_s if kafka_timeout_s is not None else 10.0)
 
     # -- introspection -------------------------------------------------------------
     @property

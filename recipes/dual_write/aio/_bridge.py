@@ -104,8 +104,8 @@ class OffLoop:
 class OffLoopTopicCheck(TopicCheck):
     """:class:`TopicCheck` whose metadata request (once per new topic) runs off the loop."""
 
-    def __init__(self, producer_config: dict[str, Any], off_loop: OffLoop) -> None:
-        super().__init__(producer_config)
+    def __init__(self, producer_config: dict[str, Any], off_loop: OffLoop, timeout_s: float = 10.0) -> None:
+        super().__init__(producer_config, timeout_s)
         self._off_loop = off_loop
 
     def require(self, topic: str, transactional_id: str) -> None:

@@ -44,7 +44,7 @@ class _LoopWriter(DualWriter):
     def __init__(self, engine: sa.Engine, producer_config: Mapping[str, Any], **options: Any) -> None:
         super().__init__(engine, producer_config, **options)
         self._off_loop = OffLoop(f"kafka2pc-aio-dw-{self.transactional_id}")
-        self._topics = OffLoopTopicCheck(self._config, self._off_loop)
+        self._topics = OffLoopTopicCheck(self._config, self._off_loop, self._topics._timeout_s)
 
     def _new_producer(self) -> TwoPhaseCommitProducer:
         # A full local queue raises at once: the recipe's own loop waits (poll = asyncio.sleep) up to its limit.
