@@ -43,6 +43,7 @@ OTHER_RANGES: dict[str, tuple[int, int]] = {
     "testing/test_broker_lifecycle, 3-node clusters and a one-node one": (1200, 1260),
     "spark/_standalone (searches)": (1700, 1800),
     "recipes/test_async_dual_write_http servers": (1850, 1852),
+    "recipes/test_writer_outage database proxy": (1860, 1861),
     "ports nothing listens on (closed_port)": (1900, 2000),
 }
 
