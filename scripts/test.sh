@@ -2,7 +2,7 @@
 # The test suite, on a fresh machine: installs what it needs (Java, Maven,
 # PostgreSQL, MariaDB, a virtualenv), then runs pytest against a real Kafka broker
 # (fetched from Maven Central and started by the fixtures), real PostgreSQL
-# and SQLite. Extra arguments go to pytest.
+# and SQLite. Extra arguments go to pytest (one process).
 #
 # Without arguments (the full suite, as CI runs it) the dual write's decision
 # points then run once more on every other broker line of CI's matrix
@@ -25,14 +25,29 @@ if [ -z "${KAFKA2PC_MARIADB_URL:-}" ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "test.sh: MariaDB did not start" >&2; exit 1; }
 fi
 export KAFKA2PC_MARIADB_URL
-set +e
-.venv/bin/python -m pytest --durations=25 "$@"  # the slowest tests, to keep CI's time in view
-rc=$?
-set -e
-if [ "$rc" = 5 ]; then
+no_tests() {  # pytest's exit code 5: it collected nothing
   echo "test.sh: pytest collected no tests: that is a failure" >&2
   exit 1
+}
+set +e
+if [ "$#" = 0 ]; then
+  # The full suite in two processes (pytest-xdist, whole modules), each with its own brokers in its own
+  # port block; then, alone on the machine, the tests marked "quiet", which measure how late the event
+  # loop runs or how long a call waits against its bound.
+  .venv/bin/python -m pytest -n "${KAFKA2PC_TEST_WORKERS:-2}" --dist loadfile -m "not campaign and not quiet" \
+    --durations=25  # the slowest tests, to keep CI's time in view
+  rc=$?
+  [ "$rc" != 5 ] || no_tests
+  .venv/bin/python -m pytest -m "quiet and not campaign" --durations=5
+  quiet_rc=$?
+  [ "$quiet_rc" != 5 ] || no_tests
+  [ "$quiet_rc" = 0 ] || [ "$rc" != 0 ] || rc=$quiet_rc
+else
+  .venv/bin/python -m pytest --durations=25 "$@"
+  rc=$?
+  [ "$rc" != 5 ] || no_tests
 fi
+set -e
 if [ "$#" = 0 ]; then
   lines=$(.venv/bin/python -c 'from kafka2pc.testing._settings import CI_KAFKA_VERSIONS as v; print(*v[1:])')
   for version in $lines; do

@@ -75,3 +75,10 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (scripts/test.sh), hand out the Spark modules first: they are the longest, and a
+    long module picked up last would keep one worker busy while the other has nothing left to do."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: 0 if item.nodeid.startswith("tests/spark/") else 1)

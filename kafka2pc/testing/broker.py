@@ -121,6 +121,22 @@ def port_base() -> int:
     return base
 
 
+def worker_port_base(base: int, worker: int) -> int:
+    """The port block of the ``worker``-th parallel test process (pytest-xdist's ``gw<worker>``) of a run in ``base``.
+
+    Worker 0 keeps ``base``; worker ``n`` takes ``base + 4000 * n`` (the block right after ``base`` stays free
+    for a second run beside this one, as CI's), or ``base - 4000 * n`` when that would reach the ephemeral range.
+    """
+    if worker < 0:
+        raise BrokerError(f"a worker index is 0 or more, not {worker}")
+    if worker == 0:
+        return base
+    for candidate in (base + 4000 * worker, base - 4000 * worker):
+        if 1024 <= candidate <= 32768 - 2000:
+            return candidate
+    raise BrokerError(f"no room for the port block of worker {worker} beside KAFKA2PC_PORT_BASE={base}")
+
+
 def _major(version: str) -> int:
     return int(version.split(".")[0])
 

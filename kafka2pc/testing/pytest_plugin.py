@@ -11,6 +11,9 @@ Enable with ``pytest_plugins = ["kafka2pc.testing.pytest_plugin"]``.
 - ``pg_url`` (session) / ``pg_engine``: a fresh PostgreSQL database.
 - ``sqlite_url`` / ``sqlite_engine``: a SQLite file in ``tmp_path``.
 
+Under pytest-xdist each worker process (``gw0``, ``gw1``, ...) runs its own brokers in its own
+port block (:func:`kafka2pc.testing.broker.worker_port_base`), so ``pytest -n 2`` needs no more set-up.
+
 When a service cannot be started the fixture calls ``pytest.fail``: a test
 never silently skips because Kafka or PostgreSQL is missing.
 """
@@ -29,6 +32,15 @@ if TYPE_CHECKING:
     import sqlalchemy as sa
 
     from kafka2pc.testing.broker import LocalKafka
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Move a pytest-xdist worker's brokers to a port block of its own (``$KAFKA2PC_PORT_BASE``)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        from kafka2pc.testing.broker import port_base, worker_port_base
+
+        os.environ["KAFKA2PC_PORT_BASE"] = str(worker_port_base(port_base(), int(worker[2:])))
 
 
 @pytest.fixture(scope="session")

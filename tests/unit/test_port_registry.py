@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from harness.ports import BROKER_PORTS, OTHER_RANGES, PRIVATE_BROKERS
 
 from kafka2pc.testing._settings import CI_KAFKA_VERSIONS
-from kafka2pc.testing.broker import LocalKafka, port_base
+from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base, worker_port_base
 
 
 def _ranges() -> dict[str, tuple[int, int]]:
@@ -29,3 +30,16 @@ def test_no_two_users_share_a_port() -> None:
 
 def test_every_range_lies_inside_the_block() -> None:
     assert all(0 <= first < end <= 2000 for first, end in _ranges().values()), _ranges()
+
+
+def test_parallel_workers_get_disjoint_blocks_that_leave_the_next_block_free() -> None:
+    """pytest-xdist's workers (scripts/test.sh) each run their own brokers: no two blocks overlap, none is the
+    block right after the run's (CI's second run, the PySpark 3.5 line, takes it), all stay below 32768."""
+    for base in (1024, 20000, 26000, 28768):
+        blocks = [worker_port_base(base, n) for n in range(3)]
+        assert blocks[0] == base
+        taken = [(first, first + 2000) for first in [*blocks, base + 2000]]
+        assert all(a1 <= b0 or b1 <= a0 for (a0, a1), (b0, b1) in itertools.combinations(taken, 2)), (base, blocks)
+        assert all(1024 <= first <= 32768 - 2000 for first in blocks), (base, blocks)
+    with pytest.raises(BrokerError, match="worker 5"):
+        worker_port_base(20000, 5)
