@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from kafka2pc import InvalidPreparedStateError, PreparedTxnState
+from kafka2pc import PreparedTxnState
 
+from ._core import parse_stored_state
 from ._lease import Lease
 from ._slots import SlotKeeping, _Slot
 from ._store import locked, store_for
@@ -117,7 +118,7 @@ class OrphanSettling(SlotKeeping):
             with self._engine.connect() as conn, conn.begin():
                 claimed = locked(store, tid, "settle an orphaned id (claim the state row)",
                                  lambda: store.claim(conn, tid, lock_timeout_s=lock_timeout_s))
-            state = self._parse_state(tid, claimed.state)
+            state = parse_stored_state(tid, self._state_table, claimed.state)
             admin = admins.get()
             settlement = admin.complete_transaction(tid, state, fence=True, raise_on_heuristic=False)
             if settlement.plan.decision is Decision.NOTHING:
@@ -141,15 +142,6 @@ class OrphanSettling(SlotKeeping):
         except sa.exc.SQLAlchemyError as exc:
             logger.warning("%s: could not release the lease (it expires by itself): %s", tid, exc)
         return RecoveryResult(tid, state, settlement)
-
-    def _parse_state(self, tid: str, stored: str | None) -> PreparedTxnState:
-        try:
-            return PreparedTxnState(stored) if stored else PreparedTxnState()
-        except InvalidPreparedStateError as exc:
-            raise InvalidPreparedStateError(
-                f"{tid!r}: the state row in {self._state_table.name} holds a malformed prepared state {stored!r} "
-                f"({exc}); fix or clear it (an operator decision)"
-            ) from exc
 
     def _abandon(self, tid: str, epoch: int) -> None:
         try:
