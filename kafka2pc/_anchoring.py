@@ -71,8 +71,8 @@ class Anchoring(LibrdkafkaCalls):
             known.add(partition)
             self._written[topic] = known
 
-
     def _delivery_callback(self, user_cb: Callable[..., Any] | None) -> Callable[[KafkaError | None, Message], None]:
+        """A delivery callback that records the anchor (or the first failure), then calls ``user_cb``."""
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 if self._delivery_error is None:

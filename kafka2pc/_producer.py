@@ -176,11 +176,7 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         """Start a transaction (no broker round trip)."""
         self._machine.check("begin_transaction")
         self._plain_init = False
-        self._anchor = None
-        self._written = {}
-        self._offsets_sent = False
-        self._marker_queued = False
-        self._delivery_error = None
+        self._reset_anchor()
         self._prepared = None
         self._call(lambda p: p.begin_transaction(), "begin_transaction")
         self._machine.transition_to(TxnState.IN_TRANSACTION)
