@@ -20,6 +20,7 @@ which every subpackage raises the same way and no user calls.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -197,6 +198,11 @@ def all_modules() -> dict[str, Path]:
     return modules
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
 def _under_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
@@ -242,7 +248,7 @@ def imports_of(module: str, path: Path, modules: dict[str, Path], *, typing: boo
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text(), filename=str(path)))
+    visit(_parsed(path))
     return found
 
 
