@@ -57,7 +57,7 @@ import sqlalchemy as sa
 from confluent_kafka import Producer
 from kafka2pc.recipes.dual_write import DualWriter, WriterPool, define_lease_table, define_state_table
 
-from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
+from kafka2pc._producer_config import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
 from kafka2pc.testing import create_topic
 from kafka2pc.testing.postgres import fresh_database
 

@@ -31,7 +31,7 @@ from typing import Any
 from kafka2pc import __version__
 from kafka2pc._extras import missing_extra
 
-from ._stats import repeat
+from ._render import repeat
 
 try:
     from opentelemetry import metrics

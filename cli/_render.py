@@ -1,4 +1,4 @@
-"""Durations, tables and the JSON documents the CLI prints.
+"""Durations, tables and the JSON documents the CLI prints, and the loop of its refreshing views.
 
 The JSON shapes are a public, versioned interface (``docs/cli.md`` holds
 their JSON Schema and a test validates real output against it): add fields
@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import click
 
 if TYPE_CHECKING:
     from kafka2pc import OpenTransaction, PartitionLag, ProducerState, TransactionDescription, TransactionInfo
@@ -27,6 +29,7 @@ __all__ = [
     "parse_duration_ms",
     "producer_json",
     "render_table",
+    "repeat",
     "transaction_json",
     "transaction_rows",
 ]
@@ -187,3 +190,16 @@ def open_transaction_json(found: OpenTransaction) -> dict[str, Any]:
         "hanging": found.hanging,
         "reason": found.reason,
     }
+
+
+def repeat(every_s: float, count: int | None, step: Callable[[], None]) -> None:
+    """Call ``step()`` now, then every ``every_s`` seconds, ``count`` times in all (``None``: until Ctrl-C)."""
+    done = 0
+    try:
+        while count is None or done < count:
+            if done:
+                time.sleep(every_s)
+            step()
+            done += 1
+    except KeyboardInterrupt:
+        click.echo()

@@ -28,12 +28,12 @@ import click
 
 from ._group import cli
 from ._options import connection_options, current_settings, open_admin, output_option
-from ._render import JSON_VERSION, dump_json, format_duration, render_table
+from ._render import JSON_VERSION, dump_json, format_duration, render_table, repeat
 
 if TYPE_CHECKING:
     from kafka2pc import TransactionAdmin, TransactionInfo
 
-__all__ = ["collect_stats", "id_prefix", "pending_offsets_json", "repeat", "stats_text", "watch", "watch_options"]
+__all__ = ["collect_stats", "id_prefix", "pending_offsets_json", "stats_text", "watch", "watch_options"]
 
 _NUMBERED = re.compile(r"[-_.]\d+$")
 
@@ -171,19 +171,6 @@ def stats_text(doc: dict[str, Any]) -> str:
     lines += _section("CONSUMER GROUPS WITH OFFSETS PENDING IN AN OPEN TRANSACTION", _PENDING_HEADERS,
                       _pending_rows(doc["pending_offsets"]))
     return "\n".join(lines)
-
-
-def repeat(every_s: float, count: int | None, step: Callable[[], None]) -> None:
-    """Call ``step()`` now, then every ``every_s`` seconds, ``count`` times in all (``None``: until Ctrl-C)."""
-    done = 0
-    try:
-        while count is None or done < count:
-            if done:
-                time.sleep(every_s)
-            step()
-            done += 1
-    except KeyboardInterrupt:
-        click.echo()
 
 
 def watch(every_s: float | None, count: int | None, show: Callable[[], None]) -> None:

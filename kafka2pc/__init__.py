@@ -21,6 +21,7 @@ from kafka2pc._exceptions import (
     Kafka2pcError,
     KafkaTransactionError,
     ProducerFencedError,
+    QueueFullError,
     RetriableError,
     TransactionalIdMismatchError,
     UnsupportedBrokerError,
@@ -33,7 +34,7 @@ from kafka2pc._types import ProducerState, TopicAndPartition, TransactionDescrip
 if TYPE_CHECKING:
     from kafka2pc._admin import PartitionLag, TransactionAdmin, TransactionInfo
     from kafka2pc._hanging import OpenTransaction
-    from kafka2pc._producer import QueueFullError, TwoPhaseCommitProducer
+    from kafka2pc._producer import TwoPhaseCommitProducer
     from kafka2pc._recovery import Decision, RecoveryPlan, Settlement, TransactionOutcome
 
 # Names whose modules import confluent-kafka / kafka-python (~150 ms): loaded on
@@ -44,7 +45,6 @@ _LAZY = {
     "TransactionAdmin": "kafka2pc._admin",
     "OpenTransaction": "kafka2pc._hanging",
     "TransactionInfo": "kafka2pc._admin",
-    "QueueFullError": "kafka2pc._producer",
     "TwoPhaseCommitProducer": "kafka2pc._producer",
     "Decision": "kafka2pc._recovery",
     "RecoveryPlan": "kafka2pc._recovery",

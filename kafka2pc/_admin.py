@@ -492,7 +492,7 @@ class TransactionAdmin:
         limit of 2**31 microseconds (above it librdkafka's request timeouts
         wrap around).
         """
-        from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
+        from kafka2pc._producer_config import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
 
         with self._ctrl.deadline(timeout):
             limit = self._ctrl.broker_config(["transaction.max.timeout.ms"]).get("transaction.max.timeout.ms")

@@ -54,8 +54,15 @@ from kafka2pc._kafka_python_import import kafka_errors  # imports kafka-python w
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError as ConfluentKafkaError
+    from confluent_kafka import KafkaException as ConfluentKafkaException
 
-__all__ = ["WireError", "error_name_for_code", "translate_confluent_error", "translate_kafka_python_error"]
+__all__ = [
+    "WireError",
+    "error_name_for_code",
+    "kafka_exception_in",
+    "translate_confluent_error",
+    "translate_kafka_python_error",
+]
 
 
 class WireError(enum.IntEnum):
@@ -254,3 +261,17 @@ def translate_confluent_error(exc: BaseException | ConfluentKafkaError, context:
     else:
         target = KafkaTransactionError
     return target(detail, error_name=name, error_code=err.code())
+
+
+def kafka_exception_in(exc: BaseException) -> ConfluentKafkaException | None:
+    """The first confluent-kafka ``KafkaException`` in ``exc``'s chain of causes and contexts."""
+    from confluent_kafka import KafkaException
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KafkaException):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None

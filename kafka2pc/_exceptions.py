@@ -8,7 +8,8 @@ and chained with ``raise ... from exc``::
     Kafka2pcError
     ├── KafkaTransactionError          runtime: something the cluster said or did
     │   ├── RetriableError             try the same call again
-    │   │   └── BrokerUnavailableError     no broker / coordinator reachable in time
+    │   │   ├── BrokerUnavailableError     no broker / coordinator reachable in time
+    │   │   └── QueueFullError             the producer's local queue is full (also a BufferError)
     │   ├── AbortableError             the open transaction must be aborted
     │   ├── FatalError                 this producer instance is unusable
     │   │   ├── ProducerFencedError        a newer instance owns the transactional id
@@ -38,6 +39,7 @@ __all__ = [
     "Kafka2pcError",
     "KafkaTransactionError",
     "ProducerFencedError",
+    "QueueFullError",
     "RetriableError",
     "TransactionalIdMismatchError",
     "UnsupportedBrokerError",
@@ -74,6 +76,20 @@ class RetriableError(KafkaTransactionError):
 
 class BrokerUnavailableError(RetriableError):
     """No broker (or no transaction coordinator) answered within the timeout."""
+
+
+class QueueFullError(RetriableError, BufferError):
+    """The producer's local queue is full: call ``poll()`` and retry (also a ``BufferError``).
+
+    ``queued`` is how many records of the call were queued before the queue
+    stayed full (:meth:`TwoPhaseCommitProducer.produce_batch`; 0 for ``produce``).
+    """
+
+    def __init__(
+        self, message: str, *, queued: int = 0, error_name: str | None = None, error_code: int | None = None
+    ) -> None:
+        super().__init__(message, error_name=error_name, error_code=error_code)
+        self.queued = queued
 
 
 class AbortableError(KafkaTransactionError):

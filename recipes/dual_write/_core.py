@@ -27,11 +27,26 @@ from ._values import Step, StepHook, _encode_headers, _Record
 if TYPE_CHECKING:
     from kafka2pc import TwoPhaseCommitProducer
 
-__all__ = ["WriterCore"]
+__all__ = ["WriterCore", "parse_stored_state"]
 
 logger = logging.getLogger("kafka2pc.recipes.dual_write._writer")
 
 _T = TypeVar("_T")
+
+
+def parse_stored_state(tid: str, table: sa.Table, stored: str | None, *, then: str = "") -> PreparedTxnState:
+    """The :class:`PreparedTxnState` of ``tid``'s state row (``None`` or empty: nothing prepared).
+
+    A malformed value raises :class:`InvalidPreparedStateError` naming the row
+    and saying it is an operator's decision (``then``: what to do next).
+    """
+    try:
+        return PreparedTxnState(stored) if stored else PreparedTxnState()
+    except InvalidPreparedStateError as exc:
+        raise InvalidPreparedStateError(
+            f"{tid!r}: the state row in {table.name} holds a malformed prepared state "
+            f"{stored!r} ({exc}); fix or clear it (an operator decision){then}"
+        ) from exc
 
 
 class WriterCore:
@@ -125,13 +140,7 @@ class WriterCore:
                 raise FatalError(f"{self._tid!r}: the producer failed: {exc!r}") from exc
 
     def _parse(self, stored: str | None) -> PreparedTxnState:
-        try:
-            return PreparedTxnState(stored) if stored else PreparedTxnState()
-        except InvalidPreparedStateError as exc:
-            raise InvalidPreparedStateError(
-                f"{self._tid!r}: the state row in {self._table.name} holds a malformed prepared state "
-                f"{stored!r} ({exc}); fix or clear it (an operator decision), then recover()"
-            ) from exc
+        return parse_stored_state(self._tid, self._table, stored, then=", then recover()")
 
     def _fenced_error(self, detail: str) -> ProducerFencedError:
         if self._status is not WriterState.FENCED:

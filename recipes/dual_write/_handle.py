@@ -14,7 +14,7 @@ from ._values import Step, _as_bytes, _normalize_headers, _Record
 if TYPE_CHECKING:
     from kafka2pc import TwoPhaseCommitProducer
 
-    from ._writer import DualWriter
+    from ._core import WriterCore
 
 __all__ = ["DualWriteTransaction"]
 
@@ -27,7 +27,7 @@ class DualWriteTransaction:
     with the records produced here.
     """
 
-    def __init__(self, writer: DualWriter, producer: TwoPhaseCommitProducer, connection: sa.Connection) -> None:
+    def __init__(self, writer: WriterCore, producer: TwoPhaseCommitProducer, connection: sa.Connection) -> None:
         self._writer = writer
         self._producer = producer
         self._connection = connection

@@ -7,6 +7,10 @@ producer), renews its leases in the background, and settles the ids of
 instances that stopped renewing (*orphans*).  Taking an id over is always the
 writer's claim-before-Kafka recovery, so the lease only decides who recovers
 and when; safety comes from the state row and Kafka's fencing, as with fixed ids.
+
+Its parts, one idea each: the lease table (:mod:`._lease`), lease keeping
+and the slots (:mod:`._slots`), the orphan scan (:mod:`._orphans`) and the
+pipelined commit (:mod:`._pipeline`).
 """
 
 from __future__ import annotations
@@ -20,46 +24,33 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from kafka2pc import IllegalStateError, InvalidPreparedStateError, Kafka2pcError, PreparedTxnState, UsageError
+from kafka2pc import IllegalStateError, UsageError
 from kafka2pc._deprecation import seconds_from_ms
 
 from ._handle import DualWriteTransaction
 from ._lease import Lease, LeaseBook
 from ._lease import define_lease_table as _make_lease_table
-from ._lifecycle import WriterState
+from ._orphans import OrphanSettling, _Admins
 from ._pipeline import CommitPipeline, InFlightCommit
 from ._schema import create_state_table
 from ._schema import define_state_table as _make_state_table
-from ._store import locked, store_for
+from ._slots import PoolExhaustedError, _Counters, _Slot
 from ._values import DualWriteMetrics, RecoveryResult, StepHook
-from ._writer import DualWriter
 
 if TYPE_CHECKING:
     from typing_extensions import Self
-
-    from kafka2pc import TransactionAdmin
 
     from ._bind import Bind
 
 __all__ = ["PoolExhaustedError", "PoolMetrics", "WriterPool"]
 
 logger = logging.getLogger(__name__)
-
-
-class PoolExhaustedError(Kafka2pcError):
-    """No transactional id could be had in time: every id of the pool is leased and every local slot busy.
-
-    Raised by :meth:`WriterPool.transaction` after ``acquire_timeout_s``.
-    Record more ids (``size``) than all instances together run transactions
-    at once, or run fewer at once.
-    """
 
 
 @dataclass(frozen=True)
@@ -91,61 +82,12 @@ class PoolMetrics:
     """Pipelined Kafka commits that took longer than ``slow_commit_s``."""
 
 
-@dataclass(eq=False)
-class _Slot:
-    writer: DualWriter
-    epoch: int
-    busy: bool = False
-    lost: bool = False
-    freed_at: float = 0.0
-    """``time.monotonic()`` when the slot was last given back (0: never used)."""
-
-    @property
-    def tid(self) -> str:
-        return self.writer.transactional_id
-
-
-@dataclass
-class _Counters:
-    orphans_settled: int = 0
-    orphan_errors: int = 0
-    heuristics: int = 0
-    leases_lost: int = 0
-    retired: list[DualWriteMetrics] = field(default_factory=list)
-
-
-class _Admins:
-    """One :class:`~kafka2pc.TransactionAdmin` per settling thread (a control plane serves one thread)."""
-
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        self._config = config
-        self._local = threading.local()
-        self._all: list[TransactionAdmin] = []
-        self._lock = threading.Lock()
-
-    def get(self) -> TransactionAdmin:
-        admin: TransactionAdmin | None = getattr(self._local, "admin", None)
-        if admin is None:
-            from kafka2pc import TransactionAdmin
-
-            admin = TransactionAdmin(self._config)
-            self._local.admin = admin
-            with self._lock:
-                self._all.append(admin)
-        return admin
-
-    def close(self) -> None:
-        with self._lock:
-            admins, self._all = self._all, []
-        for admin in admins:
-            admin.close()
-
 
 def _default_owner() -> str:
     return f"{socket.gethostname()[:120]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-class WriterPool:
+class WriterPool(OrphanSettling):
     """Dual writers for many instances sharing one database, with transactional ids from a leased set.
 
     ``prefix`` names the pool: its ids are ``<prefix>-0`` .. ``<prefix>-<size-1>``,
@@ -451,231 +393,6 @@ class WriterPool:
             admins.close()
         return [r for r in found if r is not None]
 
-    def _settle_each(self, leases: list[Lease], admins: _Admins) -> list[RecoveryResult | None]:
-        """:meth:`_settle_one` for every lease, ``settle_parallelism`` at a time."""
-        if len(leases) == 1 or self._settle_parallelism == 1:
-            return [self._settle_one(lease, admins) for lease in leases]
-        with ThreadPoolExecutor(min(self._settle_parallelism, len(leases)),
-                                thread_name_prefix="k2pc-pool-settle") as executor:
-            return list(executor.map(lambda lease: self._settle_one(lease, admins), leases))
-
-    def _settle_one(self, lease: Lease, admins: _Admins | None = None) -> RecoveryResult | None:
-        claimed = self._book.claim(lease)
-        if claimed is None:
-            return None  # another instance won the race (or the owner renewed in time)
-        logger.warning("%s: lease of %s (epoch %d) expired at %s: recovering it",
-                       lease.transactional_id, lease.owner, lease.epoch, lease.expires_at)
-        with self._cond:
-            keep = not self._closed and len(self._slots) + self._acquiring < self._max_slots
-            if keep:
-                self._acquiring += 1  # the place is ours while the recovery runs
-        if not keep and admins is not None:
-            return self._settle_without_producer(lease.transactional_id, claimed.epoch, admins)
-        try:
-            return self._settle_into_slot(lease.transactional_id, claimed.epoch, keep)
-        finally:
-            if keep:
-                with self._cond:
-                    self._acquiring -= 1
-                    self._cond.notify()
-
-    def _settle_without_producer(self, tid: str, epoch: int, admins: _Admins) -> RecoveryResult:
-        """The recovery of an id this instance will not keep, through the coordinator (no producer to start).
-
-        The same protocol as the writer's recovery and ``kafka2pc recover``:
-        claim the state row (committed before Kafka is touched), complete the
-        stored transaction (commit iff it is the one the database committed,
-        abort any other), then fence the id's producer (a new epoch), so a
-        paused owner that resumes cannot write under it.  A heuristic outcome
-        with ``retain_records`` goes through the writer's recovery, which
-        re-publishes the retained records.
-        """
-        from kafka2pc import Decision
-
-        store = store_for(self._engine.dialect, self._state_table)
-        lock_timeout_s = self._writer_options["lock_timeout_s"]
-        try:
-            with self._engine.connect() as conn, conn.begin():
-                claimed = locked(store, tid, "settle an orphaned id (claim the state row)",
-                                 lambda: store.claim(conn, tid, lock_timeout_s=lock_timeout_s))
-            state = self._parse_state(tid, claimed.state)
-            admin = admins.get()
-            settlement = admin.complete_transaction(tid, state, fence=True, raise_on_heuristic=False)
-            if settlement.plan.decision is Decision.NOTHING:
-                admin.force_terminate_transaction(tid)  # nothing open: fence the old producer all the same
-        except Exception as exc:  # noqa: BLE001 - reported in the result and the metrics, retried next scan
-            logger.error("%s: recovery of the orphaned id failed (retried at the next scan): %s", tid, exc)
-            self._counters.orphan_errors += 1
-            self._abandon(tid, epoch)
-            return RecoveryResult(tid, PreparedTxnState(), None, error=exc)
-        if settlement.heuristic:
-            if self._writer_options["retain_records"]:
-                return self._settle_into_slot(tid, epoch, keep=False)
-            self._counters.heuristics += 1
-            logger.error("HEURISTIC OUTCOME for %r: the database committed %s but Kafka aborted it; recover the id "
-                         "with DualWriter(...).recover() to see the details and acknowledge it", tid, state)
-        self._counters.orphans_settled += 1
-        logger.info("%s: settled (stored %s; %s -> %s)", tid, state, settlement.plan.decision.value,
-                    settlement.outcome.value)
-        try:
-            self._book.release([(tid, epoch)])
-        except sa.exc.SQLAlchemyError as exc:
-            logger.warning("%s: could not release the lease (it expires by itself): %s", tid, exc)
-        return RecoveryResult(tid, state, settlement)
-
-    def _parse_state(self, tid: str, stored: str | None) -> PreparedTxnState:
-        try:
-            return PreparedTxnState(stored) if stored else PreparedTxnState()
-        except InvalidPreparedStateError as exc:
-            raise InvalidPreparedStateError(
-                f"{tid!r}: the state row in {self._state_table.name} holds a malformed prepared state {stored!r} "
-                f"({exc}); fix or clear it (an operator decision)"
-            ) from exc
-
-    def _abandon(self, tid: str, epoch: int) -> None:
-        try:
-            self._book.expire([(tid, epoch)])
-        except sa.exc.SQLAlchemyError as exc:
-            logger.warning("%s: could not mark the lease expired (it expires by itself): %s", tid, exc)
-
-    def _settle_into_slot(self, tid: str, epoch: int, keep: bool) -> RecoveryResult:
-        """The writer's own recovery of an orphaned id; the id becomes a slot if ``keep``."""
-        writer = self._new_writer(tid)
-        try:
-            result = writer.recover(on_heuristic="report")
-        except Exception as exc:  # noqa: BLE001 - reported in the result and the metrics, retried next scan
-            logger.error("%s: recovery of the orphaned id failed (retried at the next scan): %s", tid, exc)
-            self._counters.orphan_errors += 1
-            self._retire([_Slot(writer, epoch)], abandon=True)
-            return RecoveryResult(tid, PreparedTxnState(), None, error=exc)
-        self._counters.orphans_settled += 1
-        with self._cond:
-            keep = keep and not self._closed
-            if keep:
-                self._slots.append(_Slot(writer, epoch))
-                self._cond.notify()
-        if not keep:
-            self._retire([_Slot(writer, epoch)])
-        return result
-
-    # -- slots -----------------------------------------------------------------------------
-    def _new_writer(self, tid: str) -> DualWriter:
-        return DualWriter(self._engine, {**self._config, "transactional.id": tid},
-                          state_table=self._state_table, **self._writer_options)
-
-    def _take(self, ready_by: float | None = None) -> _Slot:
-        """A free slot (healthy ones first), or a new one leased and recovered by ``ready_by``."""
-        if time.monotonic() - self._renewed_at > self._lease_s * 2 / 3:
-            self._renew()  # this process was paused or cut off: know which leases are still ours first
-        deadline = time.monotonic() + self._acquire_timeout_s
-        while True:
-            with self._cond:
-                while True:
-                    if self._closed:
-                        raise IllegalStateError(f"pool {self._prefix!r} is closed")
-                    # The slot free the longest: its last Kafka commit has had the most time to write
-                    # its markers.  A transaction begun on a slot whose EndTxn has just returned has its
-                    # AddPartitionsToTxn refused (CONCURRENT_TRANSACTIONS) until they are written, and
-                    # librdkafka retries it only after a back-off (measured: a p99 of ~26 ms against
-                    # ~13 ms with four writers on eight slots).
-                    free = [slot for slot in self._slots if not slot.busy and not slot.lost]
-                    if free:
-                        # A slot left needing recovery (its broker call failed) is taken last: its
-                        # recovery may not finish while the broker is down.
-                        chosen = min(free, key=lambda slot: (slot.writer.status is not WriterState.READY,
-                                                             slot.freed_at))
-                        chosen.busy = True
-                        return chosen
-                    if len(self._slots) + self._acquiring < self._max_slots:
-                        self._acquiring += 1
-                        break
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise self._exhausted()
-                    self._cond.wait(left)
-            acquired: _Slot | None = None
-            try:
-                acquired = self._acquire(ready_by)
-            finally:
-                with self._cond:
-                    self._acquiring -= 1
-                    if acquired is not None:
-                        acquired.busy = True
-                        self._slots.append(acquired)
-            if acquired is not None:
-                return acquired
-            with self._cond:  # every id is leased: wait for a slot of ours, or a lease to expire
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise self._exhausted()
-                self._cond.wait(min(left, 0.2))
-
-    def _exhausted(self) -> PoolExhaustedError:
-        return PoolExhaustedError(
-            f"pool {self._prefix!r}: no transactional id free within {self._acquire_timeout_s:g} s (all {self._size} "
-            f"ids leased, this instance's {len(self._slots)} slots busy): record more ids (size) or run fewer "
-            "transactions at once"
-        )
-
-    def _acquire(self, ready_by: float | None = None) -> _Slot | None:
-        """Lease a free (or expired) id and recover it (by ``ready_by``); ``None`` if every id is leased."""
-        candidates = self._book.candidates(limit=16)
-        random.shuffle(candidates)
-        candidates.sort(key=lambda lease: lease.owner is not None)  # free ids first, in random order
-        for lease in candidates:
-            claimed = self._book.claim(lease)
-            if claimed is None:
-                continue
-            writer = self._new_writer(lease.transactional_id)
-            deadline = writer._kafka_deadline()
-            if ready_by is not None:
-                deadline = ready_by if deadline is None else min(deadline, ready_by)
-            try:
-                writer._recover_by(deadline)
-            except BaseException:
-                self._retire([_Slot(writer, claimed.epoch)], abandon=True)
-                raise
-            if lease.owner is not None:
-                self._counters.orphans_settled += 1
-            return _Slot(writer, claimed.epoch)
-        return None
-
-    def _give_back(self, slot: _Slot) -> None:
-        writer = slot.writer
-        drop = slot.lost or writer.status in (WriterState.FENCED, WriterState.CLOSED)
-        if drop and not slot.lost:
-            try:
-                self._renew()  # was the lease taken (this instance presumed dead), or did an operator fence it?
-            except sa.exc.SQLAlchemyError as exc:
-                logger.debug("%s: cannot read the leases: %s", slot.tid, exc)
-        with self._cond:
-            slot.busy = False
-            slot.freed_at = time.monotonic()
-            if drop and slot in self._slots:
-                self._slots.remove(slot)
-            self._cond.notify()
-        if drop:
-            if not slot.lost:
-                logger.warning("%s: fenced (taken over, or terminated by an operator): dropping the slot", slot.tid)
-            # Nothing of ours may be open under it, but another owner's may: leave it to an orphan scan.
-            self._retire([slot], abandon=True)
-
-    def _retire(self, slots: list[_Slot], *, abandon: bool = False) -> None:
-        """Close the writers; release their leases if nothing is open under them, else abandon them."""
-        release: list[tuple[str, int]] = []
-        expire: list[tuple[str, int]] = []
-        for slot in slots:
-            self._counters.retired.append(slot.writer.metrics())
-            clean = not abandon and not slot.lost and slot.writer.status is WriterState.READY
-            if not slot.lost:
-                (release if clean else expire).append((slot.tid, slot.epoch))
-            slot.writer.close()
-        try:
-            self._book.release(release)
-            self._book.expire(expire)
-        except sa.exc.SQLAlchemyError as exc:
-            logger.warning("pool %r: could not give leases back (they expire by themselves): %s", self._prefix, exc)
-
     # -- what the asyncio pool (recipes/dual_write/aio) answers differently ---------------
     def _new_condition(self) -> threading.Condition:
         """The condition guarding the slots (held only for in-memory work; waited on for a free slot)."""
@@ -700,39 +417,3 @@ class WriterPool:
         """Wait (until ``deadline``, a ``time.monotonic()`` value) for the background loops to end."""
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-
-    # -- background ----------------------------------------------------------------------
-    def _renew(self) -> None:
-        started = time.monotonic()
-        held = self._book.renew()
-        self._renewed_at = started
-        lost: list[_Slot] = []
-        with self._cond:
-            for slot in self._slots:
-                if not slot.lost and held.get(slot.tid) != slot.epoch:
-                    slot.lost = True
-                    self._counters.leases_lost += 1
-                    logger.error("%s: this instance's lease (epoch %d) was taken over by another instance "
-                                 "(this one was presumed dead): dropping the slot", slot.tid, slot.epoch)
-                    if not slot.busy:
-                        lost.append(slot)
-            for slot in lost:
-                self._slots.remove(slot)
-        if lost:
-            self._retire(lost)
-
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(self._lease_s / 3):
-            try:
-                self._renew()
-            except Exception as exc:  # noqa: BLE001 - the database may be back at the next try
-                logger.warning("pool %r: renewing the leases failed: %s", self._prefix, exc)
-
-    def _orphan_loop(self) -> None:
-        wait = 0.0
-        while not self._stop.wait(wait):
-            try:
-                self.settle_orphans()
-            except Exception as exc:  # noqa: BLE001 - retried at the next scan
-                logger.warning("pool %r: the orphan scan failed: %s", self._prefix, exc)
-            wait = self._scan_every_s * random.uniform(0.8, 1.2)

@@ -13,7 +13,7 @@ from typing import Any
 
 from kafka2pc.cli._errors import ExitCode
 
-from kafka2pc import TopicPartition
+from kafka2pc import TopicAndPartition
 from kafka2pc._control import ControlPlane
 from kafka2pc._hanging import judge
 from kafka2pc._types import ProducerState, TransactionDescription
@@ -65,7 +65,7 @@ def test_describe_find_and_abort_an_open_transaction_of_a_killed_producer(
     assert missing.returncode == ExitCode.NOT_FOUND, missing
 
     with ControlPlane({"bootstrap.servers": kafka_bootstrap}) as ctrl:
-        tp = TopicPartition(topic, 0)
+        tp = TopicAndPartition(topic, 0)
         _, lso, hw = ctrl.partition_offsets(tp)
         assert (lso, hw) == (0, 3)  # the open transaction pins the last stable offset
         forced = kafka_cli(
@@ -93,12 +93,12 @@ def test_find_hanging_needs_a_scope(kafka_cli: Callable[..., Any]) -> None:
 
 # -- the judgement, unit by unit (no broker) ---------------------------------------------
 
-TP = TopicPartition("t", 0)
+TP = TopicAndPartition("t", 0)
 PRODUCER = ProducerState(producer_id=7, producer_epoch=0, last_sequence=2, last_timestamp_ms=0,
                          coordinator_epoch=0, current_txn_start_offset=10)
 
 
-def _desc(state: str, producer_id: int = 7, partitions: tuple[TopicPartition, ...] = (TP,)) -> TransactionDescription:
+def _desc(state: str, producer_id: int = 7, partitions: tuple[TopicAndPartition, ...] = (TP,)) -> TransactionDescription:
     return TransactionDescription("tx", state, producer_id, 0, 60_000, 1, partitions, 1)
 
 
@@ -114,6 +114,6 @@ def test_judge_not_hanging_while_the_coordinator_has_it_open_with_the_partition(
 
 def test_judge_hanging_when_the_coordinator_ended_it_or_lacks_the_partition_or_moved_on() -> None:
     assert judge(TP, PRODUCER, ["tx"], {"tx": _desc("CompleteAbort")})[0] is True
-    assert judge(TP, PRODUCER, ["tx"], {"tx": _desc("Ongoing", partitions=(TopicPartition("t", 1),))})[0] is True
+    assert judge(TP, PRODUCER, ["tx"], {"tx": _desc("Ongoing", partitions=(TopicAndPartition("t", 1),))})[0] is True
     assert judge(TP, PRODUCER, ["tx"], {"tx": _desc("Ongoing", producer_id=8)})[0] is True
     assert judge(TP, PRODUCER, ["tx"], {"tx": None})[0] is True

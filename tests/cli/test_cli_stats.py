@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from kafka2pc.cli._errors import ExitCode
 
-from kafka2pc import TopicPartition, TransactionAdmin
+from kafka2pc import TopicAndPartition, TransactionAdmin
 from kafka2pc.aio import AsyncTransactionAdmin
 from kafka2pc.testing import create_topic, drain
 from kafka2pc.testing.broker import LocalKafka
@@ -180,12 +180,12 @@ def test_pending_offsets_and_in_doubt_watch(situations: Situations) -> None:
     table = s.cli("pending-offsets")
     assert s.group in table.stdout and s.offsets_tid in table.stdout, table
 
-    async def through_the_async_admin() -> tuple[dict[str, list[TopicPartition]], TopicPartition]:
+    async def through_the_async_admin() -> tuple[dict[str, list[TopicAndPartition]], TopicAndPartition]:
         async with AsyncTransactionAdmin({"bootstrap.servers": s.bootstrap}) as admin:
             return await admin.pending_offset_groups(), await admin.consumer_offsets_partition(s.group)
 
     pending, offsets_tp = asyncio.run(through_the_async_admin())
-    assert pending[s.group] == [TopicPartition(s.topic, 0)]
+    assert pending[s.group] == [TopicAndPartition(s.topic, 0)]
     with TransactionAdmin({"bootstrap.servers": s.bootstrap}) as sync_admin:
         holder = sync_admin.describe_transaction(s.offsets_tid)
         assert holder is not None and offsets_tp in holder.description.partitions  # what the broker chose
@@ -238,7 +238,7 @@ def test_abort_policy_refuses_what_the_database_committed_and_aborts_the_rest(si
         [entry] = recovered.json()["entries"]
         assert (entry["transactional_id"], entry["decision"], entry["heuristic"]) == (s.committed_tid, "commit", False)
         for partition in (0, 1):
-            lag = admin.partition_lag(TopicPartition(s.topic, partition))
+            lag = admin.partition_lag(TopicAndPartition(s.topic, partition))
             assert lag.last_stable_offset == lag.high_watermark  # nothing left open
     committed = s.prepared[s.committed_tid]
     values = sorted((r.value or b"").decode() for r in drain(s.bootstrap, s.topic))

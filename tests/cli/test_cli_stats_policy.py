@@ -11,7 +11,7 @@ from kafka2pc.cli._stuck import REFUSED_REASON, decide
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from kafka2pc import TopicPartition, TransactionAdmin, TransactionDescription, TransactionInfo
+from kafka2pc import TopicAndPartition, TransactionAdmin, TransactionDescription, TransactionInfo
 
 
 def test_id_prefix_groups_pool_and_sink_ids() -> None:
@@ -33,7 +33,7 @@ def test_consumer_offsets_partition_is_the_brokers(group: str, partition: int) -
 
 
 def _info(state: str = "Ongoing") -> TransactionInfo:
-    desc = TransactionDescription("orders-1", state, 7, 0, 60_000, 1, (TopicPartition("t", 0),), 1)
+    desc = TransactionDescription("orders-1", state, 7, 0, 60_000, 1, (TopicAndPartition("t", 0),), 1)
     return TransactionInfo(desc, 5_000, ())
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from kafka2pc import TransactionAdmin, TwoPhaseCommitProducer, TxnState, UnsupportedBrokerError, UsageError
 from kafka2pc._control import ControlPlane
-from kafka2pc._producer import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
+from kafka2pc._producer_config import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
 
 REQUIRED_APIS = ("InitProducerId", "EndTxn", "DescribeTransactions", "DescribeProducers", "ListOffsets", "FindCoordinator")
 

@@ -22,7 +22,7 @@ from kafka2pc import (
     TwoPhaseCommitProducer,
     TxnState,
 )
-from kafka2pc._producer import DEFAULT_TIMEOUT_S, TIMEOUT_SLACK_S
+from kafka2pc._deadline import DEFAULT_TIMEOUT_S, TIMEOUT_SLACK_S
 from kafka2pc.testing import create_topic
 from kafka2pc.testing.broker import LocalKafka
 

@@ -212,3 +212,36 @@ def test_table_function_is_define_table(old: str) -> None:
 
 def test_every_alias_has_a_test() -> None:
     assert {(where, old) for where, old, _ in RENAMED_ARGUMENTS} == TESTED
+
+
+def upgrade_table() -> dict[str, str]:
+    """The rows of docs/upgrading.md's table of renamed names: old name -> replacement (``none``: no replacement)."""
+    page = Path(__file__).resolve().parents[2] / "docs" / "upgrading.md"
+    rows: dict[str, str] = {}
+    for line in page.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 3:
+            old, new = cells[0].strip("`"), cells[1].strip("`")
+            assert old not in rows, f"{old} is listed twice"
+            rows[old] = new
+    return rows
+
+
+def test_upgrade_table_lists_every_deprecated_name() -> None:
+    """docs/upgrading.md names each deprecated alias and its replacement, and nothing else."""
+    import inspect
+
+    import kafka2pc.recipes.dual_write as dual_write
+
+    expected = {
+        f"{where.removesuffix('.__init__')}({old}=)": new for where, old, new in RENAMED_ARGUMENTS
+    }
+    for name, (_, _, replacement) in kafka2pc._DEPRECATED.items():
+        expected[f"kafka2pc.{name}"] = replacement if replacement.startswith("kafka2pc.") else "none"
+    for name, function in dual_write._RENAMED.items():
+        expected[f"kafka2pc.recipes.dual_write.{name}"] = f"kafka2pc.recipes.dual_write.{function.__name__}"
+    from kafka2pc.recipes.spark import KafkaTwoPhaseSink
+
+    if "faults" in inspect.signature(KafkaTwoPhaseSink).parameters:  # deprecated, warns in its constructor
+        expected["kafka2pc.recipes.spark.KafkaTwoPhaseSink(faults=)"] = "none"
+    assert upgrade_table() == expected

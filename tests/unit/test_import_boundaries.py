@@ -20,6 +20,8 @@ which every subpackage raises the same way and no user calls.
 from __future__ import annotations
 
 import ast
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -168,3 +170,125 @@ def test_the_check_catches_private_imports(source: str, expected: str) -> None:
 )
 def test_the_check_allows_public_and_own_imports(source: str) -> None:
     assert violations(source, "cli/example.py", "kafka2pc.cli") == []
+
+
+# -- no import cycle ------------------------------------------------------------------
+# Every module of ``kafka2pc`` (the core, its subpackages, ``kafka2pc.recipes``
+# and ``kafka2pc.cli``) is a node; an edge is an import written in the module,
+# resolved to the kafka2pc module it names (``from pkg import mod`` names the
+# submodule when there is one).  Two graphs are checked:
+#
+# * runtime: imports that run, at module level or inside a function, except
+#   those under ``if TYPE_CHECKING:``;
+# * typing: the same plus the ``TYPE_CHECKING`` imports, so that annotations do
+#   not hide two modules that need each other.
+#
+# The package a module sits in is not an edge of its own (importing
+# ``kafka2pc._x`` runs ``kafka2pc/__init__.py`` first, which Python handles).
+
+
+def all_modules() -> dict[str, Path]:
+    modules: dict[str, Path] = {}
+    for package, directory in PACKAGE_DIRS.items():
+        for path in sorted(directory.rglob("*.py")):
+            parts = list(path.relative_to(directory).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _under_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path], *, typing: bool) -> set[str]:
+    """The kafka2pc modules ``module`` imports (``typing``: ``TYPE_CHECKING`` imports included)."""
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+
+    def resolve(name: str) -> None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            found.add(name)
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _under_type_checking(node):
+            if typing:
+                for child in node.body:
+                    visit(child)
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                resolve(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module if is_package else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                if f"{target}.{alias.name}" in modules:
+                    resolve(f"{target}.{alias.name}")
+                else:
+                    resolve(target)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(_parsed(path))
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as ``[a, b, ..., a]``, or ``None`` when there is none."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path: list[str] = []
+        on_path: set[str] = set()
+        stack: list[tuple[str, Iterator[str]]] = [(start, iter(sorted(graph[start])))]
+        path.append(start)
+        on_path.add(start)
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+                on_path.discard(node)
+                done.add(node)
+            elif child in on_path:
+                return [*path[path.index(child):], child]
+            elif child not in done:
+                stack.append((child, iter(sorted(graph.get(child, ())))))
+                path.append(child)
+                on_path.add(child)
+    return None
+
+
+@pytest.mark.parametrize("typing", [False, True], ids=["runtime", "with-type-checking"])
+def test_no_import_cycle(typing: bool) -> None:
+    modules = all_modules()
+    graph = {name: imports_of(name, path, modules, typing=typing) for name, path in modules.items()}
+    assert graph["kafka2pc.recipes.dual_write._writer"], "the graph has the recipes' relative imports"
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None

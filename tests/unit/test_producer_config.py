@@ -67,6 +67,6 @@ def test_the_spark_sink_names_the_delivery_reports_setting_the_producer_reads() 
         and any(isinstance(t, ast.Name) and t.id == "DELIVERY_REPORTS_CONFIG" for t in node.targets)
     )
 
-    from kafka2pc._producer import DELIVERY_REPORTS_CONFIG
+    from kafka2pc._producer_config import DELIVERY_REPORTS_CONFIG
 
     assert sink_key == DELIVERY_REPORTS_CONFIG

@@ -34,7 +34,8 @@ from kafka2pc._deprecation import seconds_from_ms
 from kafka2pc.aio import AsyncTransactionAdmin
 
 from .._lease import Lease
-from .._pool import PoolMetrics, WriterPool, _Admins
+from .._orphans import _Admins
+from .._pool import PoolMetrics, WriterPool
 from .._values import RecoveryResult, StepHook
 from ._bridge import in_greenlet, run_to_completion, wait_for
 from ._writer import AsyncBind, AsyncDualWriteTransaction, _LoopWriter, _sync_target, run_scope

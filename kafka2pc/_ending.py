@@ -1,0 +1,124 @@
+"""How a transaction ends, and how the producer (re)starts with a fresh epoch.
+
+A transaction this process runs ends through librdkafka (``_end_local``),
+delivering first what an abort could race (:mod:`kafka2pc._abort_race`); a
+commit or abort that times out leaves the producer ``IN_DOUBT``.  One a
+previous instance left open ends at the coordinator (``_settle_open``).
+Either way a re-initialisation (InitProducerId) bumps the epoch, which fences
+every older instance and request still in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from kafka2pc._abort_race import end_left_open, settle_registrations
+from kafka2pc._calls import LibrdkafkaCalls
+from kafka2pc._deadline import deadline_after, time_left
+from kafka2pc._errors import translate_confluent_error
+from kafka2pc._exceptions import FatalError, IndefiniteOutcomeError
+from kafka2pc._machine import TxnState
+from kafka2pc._producer_config import librdkafka_config
+from kafka2pc._state import PreparedTxnState
+
+__all__ = ["Ending"]
+
+logger = logging.getLogger("kafka2pc._producer")  # one logger name for the producer's modules
+
+
+class Ending(LibrdkafkaCalls):
+    """Ends transactions and (re)starts the librdkafka producer: a base of :class:`kafka2pc.TwoPhaseCommitProducer`."""
+
+    _ids_stale: bool
+    """The producer id and epoch may have changed since they were last asked of the coordinator."""
+    _prepared: PreparedTxnState | None
+    _abort_doubtful: bool
+    """The last abort ran with records in flight: the coordinator may still hold it open."""
+    _plain_delivery_callback: Callable[[KafkaError | None, Any], None]
+
+
+    def _start_producer(self, deadline: float) -> None:
+        """Create the librdkafka producer and register the transactional id (InitProducerId), by ``deadline``."""
+        op = f"init_transactions({self._transactional_id!r})"
+        with self._bounded(deadline, op):
+            config = librdkafka_config(self._config, self._ctrl, self._plain_delivery_callback)
+        producer = Producer(config)
+        try:
+            producer.init_transactions(time_left(deadline, op))
+        except KafkaException as exc:
+            raise translate_confluent_error(exc, op) from exc
+        self._producer = producer
+        with self._bounded(deadline, op):
+            self._refresh_ids()
+
+    def _refresh_ids(self) -> None:
+        """Ask the coordinator for this producer's id and epoch (librdkafka does not tell them)."""
+        desc = self._ctrl.describe_transaction(self._transactional_id)
+        if desc is None:
+            raise FatalError(f"the coordinator does not know {self._transactional_id!r} after init")
+        self._producer_id, self._epoch = desc.producer_id, desc.producer_epoch
+        self._ids_stale = False
+
+    def _reinitialize(self, deadline: float) -> None:
+        """Replace the librdkafka producer: a new InitProducerId bumps the epoch and fences older ones."""
+        old, self._producer = self._producer, None
+        if old is not None:
+            old.purge()
+            del old
+        self._start_producer(deadline)
+        self._prepared = None
+        self._machine.transition_to(TxnState.READY)
+
+    def _settle_open(self, *, commit: bool, timeout: float | None) -> None:
+        """End at the coordinator the transaction a previous instance left open, then re-initialise."""
+        desc = self._ctrl.describe_transaction(self._transactional_id)
+        if desc is not None and desc.state == "Ongoing":
+            self._ctrl.end_txn(self._transactional_id, desc.producer_id, desc.producer_epoch, commit=commit)
+            logger.info("%s: %s the transaction left open by producer %d/%d", self._transactional_id,
+                        "committed" if commit else "aborted", desc.producer_id, desc.producer_epoch)
+        self._reinitialize(deadline_after(timeout))
+
+    def _end_local(self, *, commit: bool, timeout: float | None) -> None:
+        """Commit or abort this process's transaction through librdkafka; a timeout leaves it ``IN_DOUBT``."""
+        op = "commit_transaction" if commit else "abort_transaction"
+        producer = self._require_producer()
+        deadline = deadline_after(timeout)
+        registered = True
+        if not commit:
+            registered = settle_registrations(producer, deadline)
+        args = (max(0.001, deadline - time.monotonic()),)
+        try:
+            producer.commit_transaction(*args) if commit else producer.abort_transaction(*args)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if not commit and err is not None and err.code() == KafkaError.INVALID_TXN_STATE:
+                # The abort lost librdkafka's race: the producer is unusable, the coordinator may hold
+                # the transaction open.  End it there, then report the producer's fatal error.
+                logger.info("%s: librdkafka's abort failed (%s): ending the transaction at the coordinator",
+                            self._transactional_id, err.name())
+                self._end_left_open(deadline)
+            if err is not None and err.retriable() and not err.fatal() and not err.txn_requires_abort():
+                indefinite = IndefiniteOutcomeError(
+                    f"{op}() of {self._prepared or 'the transaction'} timed out: outcome unknown; retry it "
+                    "or call complete_transaction(state)",
+                    state=self._prepared, error_name=err.name(), error_code=err.code(),
+                )
+                self._machine.transition_to(TxnState.IN_DOUBT, cause=indefinite, operation=op)
+                raise indefinite from exc
+            raise self._failed(op, exc) from exc
+        if not commit:
+            self._ids_stale = True  # librdkafka may bump the epoch while aborting
+            self._abort_doubtful = not registered
+        self._prepared = None
+        self._machine.transition_to(TxnState.READY)
+
+
+    def _end_left_open(self, deadline: float) -> None:
+        """End what the coordinator still holds open for this producer after its abort (:func:`end_left_open`)."""
+        self._abort_doubtful = False
+        end_left_open(self._ctrl, self._transactional_id, self._producer_id, self._epoch, deadline)
