@@ -4,7 +4,9 @@ Input: Parquet files (``--records`` rows of ``--value-bytes``-byte values, in
 ``--files`` files) read by a Structured Streaming query with
 ``Trigger.AvailableNow`` and ``maxFilesPerTrigger`` so that it runs in
 ``--batches`` micro-batches; every sink writes to a fresh output topic.  No
-source needs Spark's Kafka connector.
+source needs Spark's Kafka connector.  ``--mode batch`` writes the same input
+in one batch job per run instead (``df.write.format(...).save()``; the
+``foreachBatch`` sinks are called once on the static DataFrame).
 
 Sinks (rounds alternate between them so that they share the machine's load):
 
@@ -32,7 +34,8 @@ Measured: rows/s (records / query wall time), per round the ratio ours/baseline
 visibility and the 2PC part after the tasks; for the others the ``addBatch``
 duration (their rows are visible as soon as written).
 
-Prints a table and replaces the ``## Spark sink`` section of ``benchmarks/RESULTS.md``.
+Prints a table and replaces the ``## Spark sink`` section of ``benchmarks/RESULTS.md``
+(``## Spark sink, batch write`` with ``--mode batch``; ``, standalone cluster (2 Workers)`` with ``--cluster``).
 
     python benchmarks/bench_spark_sink.py --records 400000 --batches 2 --rounds 5
 """
@@ -203,20 +206,66 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
         "cpu": {part: cpu_after[part] - cpu_before[part] for part in CPU_PARTS},
     }
     if ours is not None:
-        result["ttv_s"] = [m.time_to_visibility_s for m in ours.metrics]
-        result["commit_s"] = [m.commit_latency_s for m in ours.metrics]
-        result["decision_s"] = [m.decision_s for m in ours.metrics]
-        result["completion_s"] = [m.completion_s for m in ours.metrics]
-        result["write_s"] = [m.write_s for m in ours.metrics]
-        result["tasks"] = [(round(m.task_open_s, 3), round(m.task_write_s, 3), round(m.task_prepare_s, 3))
-                           for m in ours.metrics]
-        result["settle_s"] = [m.settle_s for m in ours.metrics]
-        result["job_rest_s"] = [m.write_s - m.task_open_s - m.task_write_s - m.task_prepare_s for m in ours.metrics]
-        result["commit_only_s"] = [m.commit_latency_s - m.decision_s for m in ours.metrics]
-        result["sweep_s"] = [m.completion_s - (m.commit_latency_s - m.decision_s) for m in ours.metrics]
-        result["driver_rest_s"] = [
-            m.time_to_visibility_s - m.settle_s - m.write_s - m.commit_latency_s for m in ours.metrics
-        ]
+        result.update(sink_metrics(ours))
+        ours.close()
+    return result
+
+
+def sink_metrics(ours: KafkaTwoPhaseSink) -> dict[str, Any]:
+    """Per batch of ``ours``: time to visibility and where it went (the sink's own metrics)."""
+    ms = ours.metrics
+    return {
+        "ttv_s": [m.time_to_visibility_s for m in ms],
+        "commit_s": [m.commit_latency_s for m in ms],
+        "decision_s": [m.decision_s for m in ms],
+        "completion_s": [m.completion_s for m in ms],
+        "write_s": [m.write_s for m in ms],
+        "tasks": [(round(m.task_open_s, 3), round(m.task_write_s, 3), round(m.task_prepare_s, 3)) for m in ms],
+        "settle_s": [m.settle_s for m in ms],
+        "job_rest_s": [m.write_s - m.task_open_s - m.task_write_s - m.task_prepare_s for m in ms],
+        "commit_only_s": [m.commit_latency_s - m.decision_s for m in ms],
+        "sweep_s": [m.completion_s - (m.commit_latency_s - m.decision_s) for m in ms],
+        "driver_rest_s": [m.time_to_visibility_s - m.settle_s - m.write_s - m.commit_latency_s for m in ms],
+    }
+
+
+def run_batch(spark: Any, bootstrap: str, source: Path, records: int, out: str, sink: str, work: Path,
+              cpu_roots: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """One batch job (``df.write``) writing the whole input (``records`` rows): visible when the job returns.
+
+    ``builtin`` is ``df.write.format("kafka")``, ``datasource`` ``df.write.format("kafka2pc")``
+    with a fresh run id; ``ours``, ``plain`` and ``floor`` are their ``foreachBatch``
+    callables called once on the static DataFrame (batch id 0; ours with its own
+    ``checkpoint_location``, as a batch job has no query checkpoint).
+    """
+    df = spark.read.schema("key string, value string").parquet(str(source))
+    ours: KafkaTwoPhaseSink | None = None
+    cpu_before = cpu_snapshot(cpu_roots or {})
+    started = time.monotonic()
+    if sink == "builtin":
+        df.write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", out).save()
+    elif sink == "plain":
+        plain_writer(bootstrap, out)(df, 0)
+    elif sink == "floor":
+        floor_writer(df, 0)
+    elif sink == "datasource":
+        (
+            df.write.format("kafka2pc").option("kafka.bootstrap.servers", bootstrap).option("topic", out)
+            .option("kafka2pc.runId", uuid.uuid4().hex).option("kafka2pc.decisionPath", str(work / "decisions"))
+            .mode("append").save()
+        )
+    else:
+        ours = KafkaTwoPhaseSink({"bootstrap.servers": bootstrap}, topic=out,
+                                 checkpoint_location=str(work / f"chk-ours-{uuid.uuid4().hex[:8]}"))
+        ours(df, 0)
+    elapsed = time.monotonic() - started
+    cpu_after = cpu_snapshot(cpu_roots or {})
+    result: dict[str, Any] = {
+        "elapsed": elapsed, "rows": records, "batches": 1, "add_batch_s": [elapsed],
+        "cpu": {part: cpu_after[part] - cpu_before[part] for part in CPU_PARTS},
+    }
+    if ours is not None:
+        result.update(sink_metrics(ours))
         ours.close()
     return result
 
@@ -251,7 +300,9 @@ def main() -> None:
     parser.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
                         help="bootstrap servers (default: start or reuse the local broker)")
     parser.add_argument("--records", type=int, default=400_000)
-    parser.add_argument("--batches", type=int, default=2)
+    parser.add_argument("--batches", type=int, default=2, help="micro-batches per query (--mode stream)")
+    parser.add_argument("--mode", choices=["stream", "batch"], default="stream",
+                        help="stream: a Trigger.AvailableNow query per run; batch: one df.write job per run")
     parser.add_argument("--files", type=int, default=8, help="input files (a multiple of --batches)")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--cluster", action="store_true",
@@ -334,18 +385,25 @@ def run(args: argparse.Namespace) -> None:
     source = work / "input"
     write_input(spark, source, args.records, args.files, args.value_bytes)
     files_per_batch = -(-args.files // args.batches)
+    if args.mode == "batch":
+        args.batches = 1
+
+    def measure(out: str, sink: str) -> dict[str, Any]:
+        if args.mode == "batch":
+            return run_batch(spark, args.bootstrap, source, args.records, out, sink, work, cpu_roots)
+        return run_query(spark, args.bootstrap, source, files_per_batch, out, sink, work, cpu_roots)
 
     # Warm-up (JIT, Python workers, connector classes), not measured.
     warm = create_topic(args.bootstrap, partitions=args.partitions)
     for sink in sinks:
-        run_query(spark, args.bootstrap, source, files_per_batch, warm, sink, work, cpu_roots)
+        measure(warm, sink)
 
     runs: dict[str, list[dict[str, Any]]] = {sink: [] for sink in sinks}
     for round_ in range(args.rounds):
         order = sinks if round_ % 2 == 0 else list(reversed(sinks))
         for sink in order:
             out = create_topic(args.bootstrap, partitions=args.partitions)
-            result = run_query(spark, args.bootstrap, source, files_per_batch, out, sink, work, cpu_roots)
+            result = measure(out, sink)
             assert result["rows"] == args.records, result
             if sink in ("ours", "datasource"):  # check exactly-once (outside the timed part)
                 seen = [r.value for r in drain(args.bootstrap, out, "read_committed", timeout=120)]
@@ -373,7 +431,7 @@ def run(args: argparse.Namespace) -> None:
     tasks = [t for r in runs["ours"] for t in r["tasks"]]
     lines = [
         (
-            f"records={args.records} batches={args.batches} files={args.files} partitions={args.partitions} "
+            f"mode={args.mode} records={args.records} batches={args.batches} files={args.files} partitions={args.partitions} "
             f"value={args.value_bytes}B rounds={args.rounds} pyspark={pyspark.__version__} "
             f"master={args.master} cores={os.cpu_count()} load={os.getloadavg()[0]:.1f}"
             + (f" builtin-connector={package}" if "builtin" in sinks else "")
@@ -485,6 +543,8 @@ def run(args: argparse.Namespace) -> None:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         line = ".".join(pyspark.__version__.split(".")[:2])
         heading = "Spark sink" if int(line.split(".")[0]) >= 4 else f"Spark sink on PySpark {line}"
+        if args.mode == "batch":
+            heading += ", batch write"
         if args.master.startswith("spark://"):
             heading += ", standalone cluster (2 Workers)"
         command = " ".join(["benchmarks/bench_spark_sink.py", *sys.argv[1:]])

@@ -2,8 +2,10 @@
 
 Streaming: one chain of driver processes on one checkpoint, killed five
 times (twice before a decision, twice after it, once in the middle of its
-completion), then run to the end.  Batch: a job killed after its decision,
-rerun with the same run id.  Between kills the test checks what a
+completion), then run to the end through the data source PySpark registers
+by itself (``pyspark_kafka2pc``).  Batch: a job killed after its decision,
+rerun with the same run id (a further rerun after a committed run is
+test_spark_datasource.py's).  Between kills the test checks what a
 read_committed reader may see; at the end that it sees every input row exactly
 once and that nothing is left hanging.  The kill points are the data source's
 ``_on_step`` test seam, which runs in the driver's commit worker.
@@ -52,7 +54,7 @@ def test_streaming_survives_five_driver_kills(
     assert crash_driver(cfg, tmp_path, "after_prepare", 3, "run5") == "after_prepare 3"
     assert visible(kafka_bootstrap, out) == 900 and hanging(kafka_bootstrap, out) >= 300
 
-    finish_driver(cfg, tmp_path, "run6")
+    finish_driver(dict(cfg, auto_register=True), tmp_path, "run6")  # format("kafka2pc") found by PySpark alone
     assert_exactly_once(kafka_bootstrap, out, expected)
 
 
@@ -73,6 +75,3 @@ def test_batch_job_killed_after_its_decision_then_rerun(
     assert "nightly-2026-11-25 was committed already" in (tmp_path / "run2.stderr").read_text()
     assert_exactly_once(kafka_bootstrap, out, expected)
     assert len(drain(kafka_bootstrap, out, "read_uncommitted")) == 600
-
-    finish_driver(dict(cfg, auto_register=True), tmp_path, "run3")  # a third run, found by PySpark alone: nothing
-    assert_exactly_once(kafka_bootstrap, out, expected)

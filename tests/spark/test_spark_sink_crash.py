@@ -6,6 +6,11 @@ the tasks prepared (no decision yet), crash after the decision is durable
 committed, one not), then a clean run to the end.  Between crashes the test
 checks what a read_committed reader may see at that point; at the end that it
 sees every input row exactly once and that nothing is left hanging.
+
+The file-source chain (Trigger.AvailableNow, three transactions per batch)
+is a ``campaign`` test: its kill points are the rate-source chain's, and
+test_spark_datasource_crash.py kills an AvailableNow file query at the same
+points through the same protocol (``_protocol.SinkCoordinator``).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from _sparkkit import (
     assert_exactly_once,
     crash_driver,
@@ -67,6 +73,7 @@ def test_rate_source_survives_driver_kills_at_every_step(
     assert_exactly_once(kafka_bootstrap, out, nums(0, 5 * rows))
 
 
+@pytest.mark.campaign
 def test_file_source_survives_driver_kills(
     kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:

@@ -1,11 +1,11 @@
-"""Repair after a driver crash when the replayed batch is cut differently (issue 12, item 1).
+"""Repair after a driver crash when the replayed batch is cut differently.
 
 A JSON-file batch (three 500-row files) is cut into partitions by the number
 of cores: 1,000 + 500 rows under ``local[2]``, 500 + 500 + 500 under
 ``local[3]``.  The driver is killed right after the batch's decision is
-durable; Kafka then aborts decided transactions (the short
-``transaction.timeout.ms`` expires, or an operator force-terminates one), and
-the query restarts with a different partitioning.  The sink must either
+durable; Kafka then aborts decided transactions (an operator force-terminates
+one, or the short ``transaction.timeout.ms`` expires), and the query restarts
+with a different partitioning.  The sink must either
 rewrite exactly the recorded content or refuse loudly; never lose or
 duplicate rows silently.
 """
@@ -40,49 +40,32 @@ def wait_until_aborted_by_broker(bootstrap: str, topic: str, timeout: float = 90
     assert hanging(bootstrap, topic) == 0, "the broker did not abort the timed-out transactions"
 
 
-def test_restart_with_more_cores_after_transactions_timed_out_rewrites_the_whole_batch(
+def test_partial_loss_refused_then_repaired_and_a_timed_out_batch_rewritten_in_a_new_cut(
     kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
-    """Every decided transaction timed out: the batch is rewritten whole, in the new cut, after its content matched."""
-    out = topic_factory(partitions=2)
-    expected = write_json_files(tmp_path / "in", [500] * 6)  # two batches of three files
-    cfg = {
-        "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"),
-        "source": "files", "files_dir": str(tmp_path / "in"), "files_per_batch": 3,
-        "master": "local[2]", "producer_config": {"transaction.timeout.ms": 10000},
-    }
-    assert crash_driver(cfg, tmp_path, "after_decision", 0, "run1") == "after_decision 0"
-    assert sorted(n for _, n in decision_of(tmp_path / "chk", 0)) == [500, 1000]
-    assert hanging(kafka_bootstrap, out) == 1500
-    wait_until_aborted_by_broker(kafka_bootstrap, out)
-    assert drain(kafka_bootstrap, out, "read_committed") == []
+    """One checkpoint, two batches of three 500-row files, both killed after their decision.
 
-    metrics = finish_driver(dict(cfg, master="local[3]"), tmp_path, "run2")
-    assert (metrics[0]["batch_id"], metrics[0]["replayed"]) == (0, True)
-    assert sorted(metrics[0]["repaired_partitions"]) == [0, 1]
-    assert decision_of(tmp_path / "chk", 0) == [(0, 500), (1, 500), (2, 500)]  # revision 1: the new cut
-    assert_exactly_once(kafka_bootstrap, out, expected)
+    Batch 0: one decided transaction force-terminated (the operator variant),
+    the other still prepared, and the restart cuts files smaller.  Rewriting
+    "partition 0" of the new cut would lose some rows and duplicate others: the
+    sink refuses, names what differs and what to do, and leaves nothing open.
+    Restarted with the recorded partitioning, it repairs that one partition.
 
-
-def test_partial_loss_with_a_different_input_partitioning_is_refused_then_repaired(
-    kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
-) -> None:
-    """One decided transaction force-terminated, the other still prepared; the restart cuts files smaller.
-
-    Rewriting "partition 0" of the new cut would lose some rows and duplicate
-    others: the sink refuses, names what differs and what to do, and leaves
-    nothing open.  Restarted with the recorded partitioning, it repairs.
+    Batch 1 (its producers with a short ``transaction.timeout.ms``): every
+    decided transaction times out; the restart with more cores rewrites the
+    whole batch in the new cut, after its content matched.
     """
     out = topic_factory(partitions=2)
-    expected = write_json_files(tmp_path / "in", [500] * 6)
+    expected = write_json_files(tmp_path / "in", [500] * 6)  # two batches of three files
+    chk = tmp_path / "chk"
     cfg = {
-        "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"),
+        "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(chk),
         "source": "files", "files_dir": str(tmp_path / "in"), "files_per_batch": 3, "master": "local[2]",
     }
     assert crash_driver(cfg, tmp_path, "after_decision", 0, "run1") == "after_decision 0"
-    recorded = decision_of(tmp_path / "chk", 0)
+    recorded = decision_of(chk, 0)
     assert sorted(n for _, n in recorded) == [500, 1000]
-    (sink_dir,) = (tmp_path / "chk" / "kafka2pc").iterdir()
+    (sink_dir,) = (chk / "kafka2pc").iterdir()
     decision = LocalDecisionStore(sink_dir).get(0)
     assert decision is not None
     big = next(t for t in decision.transactions if t.records == 1000)
@@ -102,10 +85,26 @@ def test_partial_loss_with_a_different_input_partitioning_is_refused_then_repair
     committed = drain(kafka_bootstrap, out, "read_committed")
     assert len(committed) == 500 and len({r.value for r in committed}) == 500  # the surviving partition only
     assert hanging(kafka_bootstrap, out) == 0  # what the refused repair prepared was aborted
-    assert decision_of(tmp_path / "chk", 0) == recorded  # no new revision
+    assert decision_of(chk, 0) == recorded  # no new revision
 
-    metrics = finish_driver(cfg, tmp_path, "run3")
-    assert (metrics[0]["batch_id"], metrics[0]["replayed"]) == (0, True)
-    assert metrics[0]["repaired_partitions"] == [big.partition]
+    timing_out = dict(cfg, producer_config={"transaction.timeout.ms": 10000})
+    assert crash_driver(timing_out, tmp_path, "after_decision", 1, "run3") == "after_decision 1"
+    # Batch 0 was replayed first: the lost partition rewritten as recorded (a new revision), the other committed.
+    assert "batch 0 (replay): 1500 records in 2 transactions" in (tmp_path / "run3.log").read_text()
+    assert f"repaired [{big.partition}]" in (tmp_path / "run3.log").read_text()
+    repaired = LocalDecisionStore(sink_dir).get(0)
+    assert repaired is not None and repaired.revision == 1
+    assert [(t.partition, t.records) for t in repaired.transactions] == recorded
+    visible = [r.value for r in drain(kafka_bootstrap, out, "read_committed")]
+    assert len(visible) == len(set(visible)) == 1500 and set(visible) <= set(expected)
+    assert sorted(n for _, n in decision_of(chk, 1)) == [500, 1000]
+    assert hanging(kafka_bootstrap, out) == 1500
+    wait_until_aborted_by_broker(kafka_bootstrap, out)
+    assert len(drain(kafka_bootstrap, out, "read_committed")) == 1500
+
+    metrics = finish_driver(dict(cfg, master="local[3]"), tmp_path, "run4")
+    assert (metrics[0]["batch_id"], metrics[0]["replayed"]) == (1, True)
+    assert sorted(metrics[0]["repaired_partitions"]) == [0, 1]
+    assert decision_of(chk, 1) == [(0, 500), (1, 500), (2, 500)]  # revision 1: the new cut
     assert_exactly_once(kafka_bootstrap, out, expected)
-    assert json.loads((tmp_path / "run3.metrics.json").read_text())[-1]["batch_id"] == 1
+    assert json.loads((tmp_path / "run4.metrics.json").read_text())[-1]["batch_id"] == 1
