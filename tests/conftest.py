@@ -77,8 +77,18 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
+#: The order pytest-xdist's workers take the test directories in (scripts/test.sh): the longest modules first,
+#: the unit tests last, so that no long module is picked up last while the other worker has nothing left to do.
+XDIST_ORDER = ("tests/spark/", "tests/testing/", "tests/recipes/", "tests/logs/", "tests/unit/")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (scripts/test.sh), hand out the Spark modules first: they are the longest, and a
-    long module picked up last would keep one worker busy while the other has nothing left to do."""
+    """Under pytest-xdist (with ``--no-loadscope-reorder``), hand out the long modules first."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: 0 if item.nodeid.startswith("tests/spark/") else 1)
+        def rank(item: pytest.Item) -> int:
+            for n, prefix in enumerate(XDIST_ORDER):
+                if item.nodeid.startswith(prefix):
+                    return n if prefix != "tests/unit/" else len(XDIST_ORDER)
+            return len(XDIST_ORDER) - 1
+
+        items.sort(key=rank)
