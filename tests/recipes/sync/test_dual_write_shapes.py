@@ -29,12 +29,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from harness.procs import REPO
+from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
 
 from kafka2pc import Decision, TransactionOutcome
-from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
 from kafka2pc.testing import create_topic, drain, end_offsets
 
-REPO = Path(__file__).resolve().parents[2]
 FIRST, N_POSITION, NEXT_POSITION = 3, 5, 10
 PAIRS = [
     ("records", "records"),

@@ -47,7 +47,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import Zygote, check_consistency, items_table
+from harness.dw_crash import Zygote, check_consistency, items_table
 from kafka2pc.recipes.dual_write import DualWriter, define_outbox_table, define_state_table
 
 from kafka2pc.testing import create_topic
