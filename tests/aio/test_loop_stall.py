@@ -4,8 +4,8 @@
 each tick wakes: the loop's stalls, whatever caused them (a blocking call, the
 GIL held by another thread, or the loop's thread waiting for a CPU).  The
 tests assert what the library controls, with ``harness.loop.assert_loop_not_blocked``:
-no callback over ``STALL_BOUND_S`` (100 ms by default), and late ticks and
-stalled time net of the loop thread's wait for a CPU; they print the real
+no callback over ``STALL_BOUND_S`` (100 ms by default) and late ticks and
+stalled time, each net of the loop thread's wait for a CPU; they print the real
 figures (p50/p99/max, ticks over 10 ms).  With a healthy local broker a
 blocking call would cost a round trip (about a millisecond), below the
 machine's noise: the discriminating run is the one with the broker stopped,
@@ -74,7 +74,7 @@ def test_the_harness_check_fails_on_a_blocking_call() -> None:
     a sleeping thread is not waiting for a CPU, so none of the stall is put down to the scheduler."""
 
     async def main(blocking: bool) -> MeasuredLoop:
-        async with MeasuredLoop(capture_slow_callbacks=True) as loop_run:
+        async with MeasuredLoop() as loop_run:
             for _ in range(3):
                 await asyncio.sleep(0.05)
                 if blocking:
@@ -116,7 +116,7 @@ def test_no_call_blocks_the_loop_with_the_broker_healthy(
 
     async def main() -> tuple[MeasuredLoop, int]:
         stop = asyncio.Event()
-        async with MeasuredLoop(capture_slow_callbacks=True) as monitor:
+        async with MeasuredLoop() as monitor:
             admin_task = asyncio.ensure_future(operator(stop))
             await asyncio.gather(*(transactions(n) for n in range(producers)))
             stop.set()
@@ -177,7 +177,7 @@ def test_no_call_blocks_the_loop_with_the_broker_stopped(private_kafka: LocalKaf
 
         async def down() -> tuple[MeasuredLoop, float]:
             start = time.monotonic()
-            async with MeasuredLoop(capture_slow_callbacks=True) as monitor:
+            async with MeasuredLoop() as monitor:
                 delivery = await a.produce(topic, value=b"a")
                 await asyncio.gather(
                     timed("a.prepare_transaction(3)", a.prepare_transaction(3), 20),
@@ -234,7 +234,7 @@ def test_calls_stuck_on_a_dead_cluster_do_not_delay_a_healthy_producer(
         pending = [asyncio.ensure_future(p.init_transactions(5)) for p in stuck]
         tid = f"k2pc-aio-alive-{uuid.uuid4().hex[:6]}"
         async with AsyncTwoPhaseCommitProducer({"bootstrap.servers": kafka_bootstrap, "transactional.id": tid}) as p:
-            async with MeasuredLoop(capture_slow_callbacks=True) as monitor:
+            async with MeasuredLoop() as monitor:
                 start = time.monotonic()
                 await p.init_transactions(30)
                 for t in range(5):
