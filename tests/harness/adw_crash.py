@@ -14,15 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import sys
 import threading
-import time
 from typing import Any
 
 import sqlalchemy as sa
 
-from harness.dw_crash import Zygote, append_record, items_table, kill_self, serve, session_name
+from harness.dw_crash import Zygote, append_record, items_table, kill_self, serve, session_name, step_hook
 
 
 def async_url(url: str) -> str:
@@ -32,7 +30,7 @@ def async_url(url: str) -> str:
 
 async def run_async_job(job: dict[str, Any]) -> None:
     """Run one crash job on an event loop in this (forked) process; normally it ends with SIGKILL."""
-    from kafka2pc.recipes.dual_write import Step, define_state_table
+    from kafka2pc.recipes.dual_write import define_state_table
     from kafka2pc.recipes.dual_write.aio import AsyncDualWriter
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
@@ -42,25 +40,7 @@ async def run_async_job(job: dict[str, Any]) -> None:
     metadata = sa.MetaData()
     states, items = define_state_table(metadata), items_table(metadata)
     phase: dict[str, Any] = {"name": "recover", "txn": -1, "racing": False}
-    point, crash_txn = job.get("point"), job.get("crash_txn", -1)
-    rng = random.Random(job.get("seed", 0))
-
-    def hook(step: Step) -> None:
-        if phase["name"] == "recover":
-            if step.value == job.get("recovery_point"):
-                kill_self()
-            return
-        if phase["racing"] and step is Step.DB_COMMITTED:
-            time.sleep(2.0)  # the killer thread fires during this wait at the latest
-            kill_self()
-        if phase["txn"] != crash_txn or step.value != point:
-            return
-        if step is Step.DB_COMMITTING:
-            # "COMMIT sent, reply not received": die 10 us to 30 ms into the COMMIT (log-uniform).
-            phase["racing"] = True
-            threading.Timer(10 ** rng.uniform(-5.0, -1.5), kill_self).start()
-            return
-        kill_self()
+    hook = step_hook(job, phase)
 
     config = {"bootstrap.servers": job["bootstrap"], "transactional.id": job["tid"]}
     config.update(job.get("producer_config", {}))

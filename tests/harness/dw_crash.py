@@ -96,20 +96,14 @@ def session_name(pid: int) -> str:
     return f"k2pc-crash-{pid}"
 
 
-def run_job(job: dict[str, Any]) -> None:
-    """Run one crash job in this (forked) process; normally it ends with SIGKILL."""
-    from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
+def step_hook(job: dict[str, Any], phase: dict[str, Any]) -> Callable[[Any], None]:
+    """The ``on_step`` hook of a crash child: kill (or stop) it at the job's step.
 
-    connect_args: dict[str, Any] = (
-        {"timeout": job["sqlite_timeout"]} if "sqlite_timeout" in job and job["db_url"].startswith("sqlite") else {}
-    )
-    if job["db_url"].startswith("postgresql"):
-        connect_args["application_name"] = session_name(os.getpid())  # see Zygote.run
-    engine = sa.create_engine(job["db_url"], poolclass=sa.pool.NullPool, connect_args=connect_args)
-    metadata = sa.MetaData()
-    states = define_state_table(metadata)
-    items = items_table(metadata)
-    phase: dict[str, Any] = {"name": "recover", "txn": -1, "racing": False}
+    ``phase`` is the child's progress, which it updates as it goes: ``name``
+    ("recover", then "work"), ``txn`` (the index of the transaction under way).
+    """
+    from kafka2pc.recipes.dual_write import Step
+
     point = job.get("point")
     crash_txn = job.get("crash_txn", -1)
     rng = random.Random(job.get("seed", 0))
@@ -140,6 +134,25 @@ def run_job(job: dict[str, Any]) -> None:
             threading.Timer(10 ** rng.uniform(-5.0, -1.5), kill_self).start()
             return
         kill_self()
+
+    return hook
+
+
+def run_job(job: dict[str, Any]) -> None:
+    """Run one crash job in this (forked) process; normally it ends with SIGKILL."""
+    from kafka2pc.recipes.dual_write import DualWriter, define_state_table
+
+    connect_args: dict[str, Any] = (
+        {"timeout": job["sqlite_timeout"]} if "sqlite_timeout" in job and job["db_url"].startswith("sqlite") else {}
+    )
+    if job["db_url"].startswith("postgresql"):
+        connect_args["application_name"] = session_name(os.getpid())  # see Zygote.run
+    engine = sa.create_engine(job["db_url"], poolclass=sa.pool.NullPool, connect_args=connect_args)
+    metadata = sa.MetaData()
+    states = define_state_table(metadata)
+    items = items_table(metadata)
+    phase: dict[str, Any] = {"name": "recover", "txn": -1, "racing": False}
+    hook = step_hook(job, phase)
 
     config = {"bootstrap.servers": job["bootstrap"], "transactional.id": job["tid"]}
     config.update(job.get("producer_config", {}))

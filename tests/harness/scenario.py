@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from harness.procs import REPO
+from harness.procs import REPO, child_env
 from kafka2pc import PreparedTxnState
 from kafka2pc.testing import create_topic, drain, end_offsets
 
@@ -114,7 +114,7 @@ class Scenario:
         if any("@" in step for step in steps):
             args += ["--group", self.group]
         log_path = self.db_path.with_name(f"child-{len(self.children)}.log")
-        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        env = child_env(PYTHONUNBUFFERED="1")
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
                 [sys.executable, str(self.script), *args, *steps],
