@@ -35,7 +35,7 @@ from kafka2pc import Kafka2pcError
 from kafka2pc.testing import create_topic
 from kafka2pc.testing.broker import LocalKafka
 
-# The loop's lateness is measured: a second CPU-heavy process on the machine would show in it.
+# The loop's lateness is measured (net of its thread's wait for a CPU; a busy machine still slows the run).
 pytestmark = pytest.mark.quiet
 
 STALLED_FRACTION_BOUND = 0.25
