@@ -85,8 +85,10 @@ class MeasuredLoop:
     runnable but not running since the previous tick.  :attr:`times` is what
     the loop's thread did over the block, and :attr:`slow_callbacks` every
     callback that ran ``threshold_s`` or longer, with its duration net of
-    its thread's wait for a CPU (measured around each callback, without
-    asyncio's debug mode, which slows every callback).
+    its thread's wait for a CPU (without asyncio's debug mode, which slows
+    every callback).  A callback's start reads the wait as of the last tick
+    or slow callback (a ``schedstat`` read costs ~40 us: too much for every
+    callback), so a wait just before it counts as part of it: leniently.
     """
 
     def __init__(self, *, interval_s: float = 0.001, threshold_s: float = STALL_GOAL_S) -> None:
@@ -99,6 +101,7 @@ class MeasuredLoop:
         self._start: ThreadTimes | None = None
         self._saved_run: Any = None
         self._task: asyncio.Task[None] | None = None
+        self._queued = _run_queue_s()  # the loop thread's wait for a CPU at the last reading
 
     async def __aenter__(self) -> MeasuredLoop:
         self._task = asyncio.get_running_loop().create_task(self._tick())
@@ -118,7 +121,7 @@ class MeasuredLoop:
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
-        queued = _run_queue_s()
+        queued = self._queued = _run_queue_s()
         while True:
             due = loop.time() + self._interval_s
             await asyncio.sleep(self._interval_s)
@@ -127,7 +130,7 @@ class MeasuredLoop:
             self.report.lateness.append(max(0.0, late - (now_queued - queued)))
             self.raw.ticks += 1
             self.report.ticks += 1
-            queued = now_queued
+            queued = self._queued = now_queued
 
     def _wrap_callbacks(self) -> None:
         """Time every callback (a task's step is one) run on this loop's thread, as ``loop.set_debug`` would."""
@@ -137,13 +140,14 @@ class MeasuredLoop:
         def run(handle: asyncio.Handle) -> None:
             if threading.get_ident() != loop_thread:
                 return saved(handle)  # type: ignore[no-any-return]
-            start, queued = time.monotonic(), _run_queue_s()
+            start = time.monotonic()
             try:
                 return saved(handle)  # type: ignore[no-any-return]
             finally:
                 wall = time.monotonic() - start
                 if wall >= threshold:
-                    slow.append(SlowCallback(wall, max(0.0, wall - (_run_queue_s() - queued)), repr(handle)[:200]))
+                    queued, self._queued = self._queued, _run_queue_s()
+                    slow.append(SlowCallback(wall, max(0.0, wall - (self._queued - queued)), repr(handle)[:200]))
 
         asyncio.events.Handle._run = run  # type: ignore[method-assign]
 
