@@ -87,8 +87,9 @@ class MeasuredLoop:
     callback that ran ``threshold_s`` or longer, with its duration net of
     its thread's wait for a CPU (without asyncio's debug mode, which slows
     every callback).  A callback's start reads the wait as of the last tick
-    or slow callback (a ``schedstat`` read costs ~40 us: too much for every
-    callback), so a wait just before it counts as part of it: leniently.
+    or slow callback, and a late tick the wait since the last reading (a
+    ``schedstat`` read costs ~40 us: too much for every callback or tick),
+    so a wait just before counts as part of it: leniently.
     """
 
     def __init__(self, *, interval_s: float = 0.001, threshold_s: float = STALL_GOAL_S) -> None:
@@ -121,16 +122,19 @@ class MeasuredLoop:
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
-        queued = self._queued = _run_queue_s()
+        self._queued = _run_queue_s()
         while True:
             due = loop.time() + self._interval_s
             await asyncio.sleep(self._interval_s)
-            late, now_queued = max(0.0, loop.time() - due), _run_queue_s()
+            late = max(0.0, loop.time() - due)
             self.raw.lateness.append(late)
-            self.report.lateness.append(max(0.0, late - (now_queued - queued)))
+            net = late
+            if late > self.report.noise:  # only then is the wait worth a schedstat read (~40 us)
+                queued, self._queued = self._queued, _run_queue_s()
+                net = max(0.0, late - (self._queued - queued))
+            self.report.lateness.append(net)
             self.raw.ticks += 1
             self.report.ticks += 1
-            queued = self._queued = now_queued
 
     def _wrap_callbacks(self) -> None:
         """Time every callback (a task's step is one) run on this loop's thread, as ``loop.set_debug`` would."""
