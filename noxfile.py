@@ -32,9 +32,9 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 INTEGRATION_SUBSET = [
     "tests/core/test_crash_recovery.py",
     "tests/core/test_steady_state.py",
-    "tests/recipes/test_dual_write.py::test_consume_transform_produce_is_exactly_once_across_crashes",
-    "tests/recipes/test_dual_write_crash.py::test_crash_matrix[sqlite]",
-    "tests/recipes/test_async_dual_write.py::test_session_and_connection_commit_both_sides_through_the_same_steps",
+    "tests/recipes/sync/test_dual_write.py::test_consume_transform_produce_is_exactly_once_across_crashes",
+    "tests/recipes/sync/test_dual_write_crash.py::test_crash_matrix[sqlite]",
+    "tests/recipes/aio/test_async_dual_write.py::test_session_and_connection_commit_both_sides_through_the_same_steps",
     "tests/testing/test_packaging.py",
 ]
 OTHER_BROKER_LINES = [  # what differs between broker lines is the broker, not the Python: the full suite runs them

@@ -56,9 +56,9 @@ if [ "$#" = 0 ]; then
     set +e
     KAFKA_VERSION=$version KAFKA2PC_CRASH_POINTS=prepared,state_stored,db_committing,db_committed \
       KAFKA2PC_CRASH_RACE_RUNS=8 .venv/bin/python -m pytest -q --durations=5 \
-      "tests/recipes/test_dual_write_crash.py::test_crash_matrix[postgresql]" \
-      "tests/recipes/test_dual_write_crash.py::test_kill_during_recovery_then_recover_again[postgresql]" \
-      tests/recipes/test_dual_write_crash.py::test_heuristic_outcome_is_reported_and_retained_records_are_republished_once
+      "tests/recipes/sync/test_dual_write_crash.py::test_crash_matrix[postgresql]" \
+      "tests/recipes/sync/test_dual_write_crash.py::test_kill_during_recovery_then_recover_again[postgresql]" \
+      tests/recipes/sync/test_dual_write_crash.py::test_heuristic_outcome_is_reported_and_retained_records_are_republished_once
     line_rc=$?
     set -e
     [ "$line_rc" = 0 ] || rc=$line_rc

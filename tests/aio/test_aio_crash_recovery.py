@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 
 import pytest
-from _aio_helpers import Scenario, run
+from harness.loop import run
+from harness.scenario import Scenario
 
 from kafka2pc import Decision, PreparedTxnState, TransactionOutcome, TxnState
 from kafka2pc.aio import AsyncTransactionAdmin, AsyncTwoPhaseCommitProducer

@@ -9,9 +9,9 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from _aio_helpers import run
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as ConfluentTopicPartition
+from harness.loop import run
 
 from kafka2pc import (
     FatalError,

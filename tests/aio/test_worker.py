@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from _aio_helpers import run
+from harness.loop import run
 
 import kafka2pc.aio
 from kafka2pc import IllegalStateError

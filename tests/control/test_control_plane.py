@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka import TopicPartition as CTopicPartition

@@ -18,6 +18,7 @@ import signal
 from collections.abc import Callable
 
 import pytest
+from harness.scenario import Scenario
 
 from kafka2pc import (
     Decision,
@@ -29,8 +30,6 @@ from kafka2pc import (
     TwoPhaseCommitProducer,
     TxnState,
 )
-
-from _crash import Scenario
 
 ScenarioFactory = Callable[..., Scenario]
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from _crash import Scenario
+from harness.scenario import Scenario
 
 from kafka2pc import (
     Decision,

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from harness.scenario import Scenario
 
 from kafka2pc import (
     Decision,
@@ -27,8 +28,6 @@ from kafka2pc import (
     TxnState,
 )
 from kafka2pc._control import ControlPlane
-
-from _crash import Scenario
 
 ScenarioFactory = Callable[..., Scenario]
 

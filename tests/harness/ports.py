@@ -24,14 +24,14 @@ from kafka2pc.testing.broker import BrokerError, LocalKafka, port_base
 #: Private one-node brokers (2 ports: listener and controller), by user: offset of the first port.
 PRIVATE_BROKERS: dict[str, int] = {
     "core/test_indefinite": 300,
-    "recipes/test_dual_write_broker": 400,  # and the two fallbacks below
-    "recipes/test_dual_write_broker#2": 420,
-    "recipes/test_dual_write_broker#3": 440,
+    "recipes/sync/test_dual_write_broker": 400,  # and the two fallbacks below
+    "recipes/sync/test_dual_write_broker#2": 420,
+    "recipes/sync/test_dual_write_broker#3": 440,
     "testing/test_broker_cluster_id": 470,
     "core/test_producer_timeouts": 520,
     "recipes/test_writer_outage": 560,
     "aio/test_loop_stall": 1000,
-    "recipes/test_async_dual_write_loop": 1020,
+    "recipes/aio/test_async_dual_write_loop": 1020,
     "logs/outage": 1040,
     "control/test_timeouts": 1400,
 }
@@ -42,7 +42,7 @@ OTHER_RANGES: dict[str, tuple[int, int]] = {
     "control/test_tls broker, 4 ports (searches)": (1500, 1600),
     "testing/test_broker_lifecycle, 3-node clusters and a one-node one": (1200, 1260),
     "spark/_standalone (searches)": (1700, 1800),
-    "recipes/test_async_dual_write_http servers": (1850, 1852),
+    "recipes/aio/test_async_dual_write_http servers": (1850, 1852),
     "recipes/test_writer_outage database proxy": (1860, 1861),
     "ports nothing listens on (closed_port)": (1900, 2000),
 }

@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import check_consistency, items_table
 from harness.brokers import frozen
+from harness.dw_crash import check_consistency, items_table
 from harness.ports import OTHER_RANGES, closed_port, private_broker
 from harness.tcp_proxy import TcpProxy, tcp_proxy
 from kafka2pc.recipes.dual_write import DualWriter, WriterPool, define_lease_table, define_state_table

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 import sqlalchemy as sa
+from kafka2pc.recipes.dual_write import DualWriter, MissingTableError, WriterPool
+from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, AsyncWriterPool
 
 import kafka2pc
 from kafka2pc import BrokerUnavailableError, TransactionAdmin, UsageError
 from kafka2pc._deprecation import RENAMED_ARGUMENTS
 from kafka2pc.aio import AsyncTransactionAdmin, AsyncTwoPhaseCommitProducer, LoopStallMonitor
-from kafka2pc.recipes.dual_write import DualWriter, MissingTableError, WriterPool
-from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, AsyncWriterPool
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine

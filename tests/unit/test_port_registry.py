@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 from harness.ports import BROKER_PORTS, OTHER_RANGES, PRIVATE_BROKERS
@@ -43,3 +45,13 @@ def test_parallel_workers_get_disjoint_blocks_that_leave_the_next_block_free() -
         assert all(1024 <= first <= 32768 - 2000 for first in blocks), (base, blocks)
     with pytest.raises(BrokerError, match="worker 5"):
         worker_port_base(20000, 5)
+
+
+def test_every_user_is_a_test_module_of_the_suite() -> None:
+    """Keys name the module that binds the ports (``recipes/sync/test_dual_write_broker#2``: its second slot)."""
+    tests = Path(__file__).resolve().parents[1]
+    modules = {m[0] for user in [*PRIVATE_BROKERS, *OTHER_RANGES] if (m := re.match(r"\w+(/\w+)+", user))}
+    assert len(modules) >= 10, modules
+    missing = sorted(m for m in modules if not any(
+        (tests / f"{path}.py").exists() for path in (m, m.replace("/", "/_")) if path.count("/_") <= 1))
+    assert not missing, f"registry keys that name no module under tests/: {missing}"

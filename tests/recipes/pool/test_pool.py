@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import check_consistency, items_table
+from harness.dw_crash import check_consistency, items_table
+from harness.procs import child_env
 from kafka2pc.recipes.dual_write import (
     PoolExhaustedError,
     WriterPool,
@@ -169,7 +170,8 @@ def _orphan(engine_url: str, bootstrap: str, topic: str, prefix: str, step: str,
         "lease_s": lease_s, "topic": topic, "series": prefix, "worker": "dead", "results": str(results),
         "kill_at": step, "after": 1, "fault_when_open": step == "produced",
     }
-    proc = subprocess.run([sys.executable, str(WORKER), json.dumps(job)], timeout=120, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(WORKER), json.dumps(job)], timeout=120, capture_output=True, text=True,
+                          env=child_env())
     assert proc.returncode == -9, proc.stderr[-3000:]
     lines = [json.loads(line) for line in results.read_text().splitlines()]
     return {"ok": [e["ok"] for e in lines if "ok" in e], "lines": lines}

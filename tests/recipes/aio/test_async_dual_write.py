@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import check_consistency, items_table
+from harness.env import Env
 from kafka2pc.recipes.dual_write import (
     DualWriter,
     MissingTableError,
@@ -27,11 +26,10 @@ from kafka2pc.recipes.dual_write import (
     TopicNotFoundError,
     TransactionMisuseError,
     WriterState,
-    define_outbox_table,
     define_state_table,
 )
 from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, recover_all
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from kafka2pc import IllegalStateError, PreparedTxnState, ProducerFencedError, UsageError
@@ -39,54 +37,6 @@ from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 from kafka2pc.testing import create_topic, drain, end_offsets
 
 _T = TypeVar("_T")
-
-
-def async_url(url: str) -> str:
-    """The async driver's URL of a sync test URL (psycopg serves both; SQLite through aiosqlite)."""
-    return url.replace("sqlite://", "sqlite+aiosqlite://", 1) if url.startswith("sqlite") else url
-
-
-class Env:
-    """A topic, a series of ids and the tables, with a sync engine for checks and an async one for the writer."""
-
-    def __init__(self, url: str, bootstrap: str) -> None:
-        self.url = url
-        self.engine = sa.create_engine(url)
-        self.bootstrap = bootstrap
-        self.topic = create_topic(bootstrap)
-        self.series = uuid.uuid4().hex[:10]
-        metadata = sa.MetaData()
-        self.states, self.items, self.outbox = define_state_table(metadata), items_table(metadata), define_outbox_table(metadata)
-        metadata.create_all(self.engine)
-        _Base.metadata.create_all(self.engine)
-
-    def async_engine(self) -> AsyncEngine:
-        return create_async_engine(async_url(self.url))
-
-    def writer(self, engine: AsyncEngine, tid: str | None = None, **kwargs: Any) -> AsyncDualWriter:
-        config = {"bootstrap.servers": self.bootstrap, "transactional.id": tid or f"adw-{self.series}"}
-        return AsyncDualWriter(engine, config, state_table=self.states, outbox_table=self.outbox, **kwargs)
-
-    async def write(self, bind: Any, tx: Any, rid: str) -> None:
-        full = f"{self.series}:{rid}"
-        await bind.execute(self.items.insert().values(id=full, series=self.series))
-        await tx.produce(self.topic, value=full.encode(), key=full.encode())
-
-    async def commit_one(self, engine: AsyncEngine, writer: AsyncDualWriter, rid: str) -> None:
-        async with engine.connect() as conn, writer.transaction(conn) as tx:
-            await self.write(conn, tx, rid)
-
-    def rows(self) -> set[str]:
-        with self.engine.connect() as conn:
-            ids = conn.execute(sa.select(self.items.c.id).where(self.items.c.series == self.series)).scalars()
-            return {i.split(":", 1)[1] for i in ids}
-
-    def records(self) -> list[str]:
-        return sorted(r.value.decode().split(":", 1)[1] for r in drain(self.bootstrap, self.topic) if r.value)
-
-    def assert_consistent(self) -> None:
-        _, _, problems = check_consistency(self.engine, self.bootstrap, self.topic, self.series)
-        assert not problems, problems
 
 
 class _Base(DeclarativeBase):
@@ -101,7 +51,8 @@ class Order(_Base):
 
 @pytest.fixture
 def env(db_url: str, kafka_bootstrap: str) -> Iterator[Env]:
-    e = Env(db_url, kafka_bootstrap)
+    e = Env(db_url, kafka_bootstrap, tid_prefix="adw")
+    _Base.metadata.create_all(e.engine)
     yield e
     e.engine.dispose()
 
@@ -126,14 +77,14 @@ def test_session_and_connection_commit_both_sides_through_the_same_steps(env: En
     async def scenario(engine: AsyncEngine) -> PreparedTxnState | None:
         sa.event.listen(engine.sync_engine, "before_cursor_execute",
                         lambda conn, cursor, statement, *rest: statements.append(statement))
-        writer = env.writer(engine, on_step=steps.append)
+        writer = env.async_writer(engine, on_step=steps.append)
         first = await writer.recover()
         assert first.settlement is not None and first.settlement.plan.decision.value == "nothing"
         assert writer.status is WriterState.READY and isinstance(writer.producer, AsyncTwoPhaseCommitProducer)
         steps.clear()
         async with engine.connect() as conn:  # AsyncConnection, autobegun
             async with writer.transaction(conn) as tx:
-                await env.write(conn, tx, "c-1")
+                await env.write_async(conn, tx, "c-1")
             assert tx.prepared_state is not None and not tx.prepared_state.is_empty
         # PostgreSQL over psycopg's async driver takes the sync recipe's combined path: the guarded
         # state update (the state function's call, or the inline update when the table was made without
@@ -146,7 +97,7 @@ def test_session_and_connection_commit_both_sides_through_the_same_steps(env: En
         async with AsyncSession(engine) as session:  # ORM AsyncSession: flushed before the prepare
             async with writer.transaction(session) as tx:
                 session.add(Order(id=f"{env.series}:o-1", series=env.series))
-                await env.write(session, tx, "s-1")
+                await env.write_async(session, tx, "s-1")
                 assert tx.records_produced == 1 and tx.transactional_id == writer.transactional_id
             assert await session.get(Order, f"{env.series}:o-1") is not None
         assert steps == connection_steps == [
@@ -174,18 +125,18 @@ def test_an_exception_before_the_database_commit_rolls_back_both(env: Env) -> No
             raise RuntimeError(f"injected at {step.value}")
 
     async def scenario(engine: AsyncEngine) -> None:
-        writer = env.writer(engine, on_step=hook)
+        writer = env.async_writer(engine, on_step=hook)
         await writer.recover()
-        await env.commit_one(engine, writer, "kept")
+        await env.commit_one_async(engine, writer, "kept")
         for step in (None, Step.PREPARED, Step.STATE_STORED, Step.DB_COMMITTING):
             failing[0] = step
             with pytest.raises(RuntimeError):
                 async with AsyncSession(engine) as session, writer.transaction(session) as tx:
-                    await env.write(session, tx, f"lost-{step}")
+                    await env.write_async(session, tx, f"lost-{step}")
                     if step is None:
                         raise RuntimeError("application error")
         failing[0] = None
-        await env.commit_one(engine, writer, "kept-2")  # the writer goes on
+        await env.commit_one_async(engine, writer, "kept-2")  # the writer goes on
         assert writer.metrics().transactions_rolled_back == 4
         await writer.close()
 
@@ -206,10 +157,10 @@ def test_recovery_commits_a_transaction_left_prepared_after_the_database_commit(
             raise Stop
 
     async def leave_prepared(engine: AsyncEngine) -> None:
-        writer = env.writer(engine, on_step=stop_after_db_commit)
+        writer = env.async_writer(engine, on_step=stop_after_db_commit)
         await writer.recover()
         with pytest.raises(Stop):
-            await env.commit_one(engine, writer, "in-doubt")
+            await env.commit_one_async(engine, writer, "in-doubt")
         await writer.close()
 
     run(leave_prepared, env)
@@ -217,12 +168,12 @@ def test_recovery_commits_a_transaction_left_prepared_after_the_database_commit(
     assert end_offsets(env.bootstrap, env.topic, "read_committed") != end_offsets(env.bootstrap, env.topic)
 
     async def recover_async(engine: AsyncEngine) -> None:
-        writer = env.writer(engine)
+        writer = env.async_writer(engine)
         result = await writer.recover()
         assert result.settlement is not None and result.settlement.plan.decision.value == "commit"
         again = await writer.recover()  # idempotent
         assert again.settlement is not None and again.settlement.plan.decision.value == "nothing"
-        await env.commit_one(engine, writer, "after")
+        await env.commit_one_async(engine, writer, "after")
         await writer.close()
 
     run(recover_async, env)
@@ -238,7 +189,7 @@ def test_recovery_commits_a_transaction_left_prepared_after_the_database_commit(
     sync_writer.close()
 
     async def recover_sync_leftover(engine: AsyncEngine) -> None:
-        writer = env.writer(engine)
+        writer = env.async_writer(engine)
         result = await writer.recover()
         assert result.settlement is not None and result.settlement.plan.decision.value == "commit"
         await writer.close()
@@ -254,14 +205,14 @@ def test_ending_the_bound_transaction_in_the_block_fails_and_keeps_neither_side(
     env: Env, bind_kind: str, misuse: str
 ) -> None:
     async def scenario(engine: AsyncEngine) -> None:
-        writer = env.writer(engine)
+        writer = env.async_writer(engine)
         await writer.recover()
-        await env.commit_one(engine, writer, "before")
+        await env.commit_one_async(engine, writer, "before")
         seen: list[BaseException] = []
         with pytest.raises(TransactionMisuseError, match="inside `with writer.transaction"):
             async with (AsyncSession(engine) if bind_kind == "session" else engine.connect()) as bind:
                 async with writer.transaction(bind) as tx:
-                    await env.write(bind, tx, "misused")
+                    await env.write_async(bind, tx, "misused")
                     try:
                         await getattr(bind, misuse)()
                     except TransactionMisuseError as exc:
@@ -270,7 +221,7 @@ def test_ending_the_bound_transaction_in_the_block_fails_and_keeps_neither_side(
         if misuse == "commit":
             assert len(seen) == 1  # the commit itself was refused
         assert engine.pool.checkedout() == 0  # the interrupted rollback or close leaked no connection
-        await env.commit_one(engine, writer, "after")  # the writer goes on
+        await env.commit_one_async(engine, writer, "after")  # the writer goes on
         await writer.close()
 
     run(scenario, env)
@@ -285,7 +236,7 @@ def test_wrong_arguments_and_nesting_are_refused(env: Env) -> None:
     async def scenario(engine: AsyncEngine) -> None:
         with pytest.raises(UsageError, match="transactional.id"):
             AsyncDualWriter(engine, {"bootstrap.servers": env.bootstrap})
-        writer = env.writer(engine)
+        writer = env.async_writer(engine)
         await writer.recover()
         with pytest.raises(UsageError, match="AsyncSession or an AsyncConnection"), Session(env.engine) as session:
             async with writer.transaction(session):  # type: ignore[arg-type]
@@ -293,9 +244,9 @@ def test_wrong_arguments_and_nesting_are_refused(env: Env) -> None:
         async with engine.connect() as conn:
             with pytest.raises(IllegalStateError, match="cannot be nested"):
                 async with writer.transaction(conn) as tx:
-                    await env.write(conn, tx, "nested")
+                    await env.write_async(conn, tx, "nested")
                     await writer.recover()
-        await env.commit_one(engine, writer, "fine")
+        await env.commit_one_async(engine, writer, "fine")
         await writer.close()
 
     run(scenario, env)
@@ -304,7 +255,7 @@ def test_wrong_arguments_and_nesting_are_refused(env: Env) -> None:
 
 def test_concurrent_tasks_share_one_writer_one_transaction_at_a_time(env: Env) -> None:
     async def scenario(engine: AsyncEngine) -> int:
-        writer = env.writer(engine)
+        writer = env.async_writer(engine)
         await writer.recover()
         open_now, most = 0, 0
 
@@ -314,7 +265,7 @@ def test_concurrent_tasks_share_one_writer_one_transaction_at_a_time(env: Env) -
                 open_now += 1
                 most = max(most, open_now)
                 session.add(Order(id=f"{env.series}:task-{i}", series=env.series))
-                await env.write(session, tx, f"task-{i}")
+                await env.write_async(session, tx, f"task-{i}")
                 await asyncio.sleep(0)
                 open_now -= 1
 
@@ -337,18 +288,18 @@ def test_a_cancelled_task_does_not_interrupt_the_commit(env: Env) -> None:
             holder.pop("task").cancel()
 
     async def scenario(engine: AsyncEngine) -> None:
-        writer = env.writer(engine, on_step=cancel_at_db_committing)
+        writer = env.async_writer(engine, on_step=cancel_at_db_committing)
         await writer.recover()
 
         async def request() -> None:
-            await env.commit_one(engine, writer, "cancelled-while-committing")
+            await env.commit_one_async(engine, writer, "cancelled-while-committing")
 
         task = asyncio.ensure_future(request())
         holder["task"] = task
         with pytest.raises(asyncio.CancelledError):
             await task
         assert writer.status is WriterState.READY and writer.metrics().transactions_committed == 1
-        await env.commit_one(engine, writer, "next")  # no recovery needed
+        await env.commit_one_async(engine, writer, "next")  # no recovery needed
         assert writer.metrics().recoveries == 1
         await writer.close()
 
@@ -360,17 +311,17 @@ def test_a_cancelled_task_does_not_interrupt_the_commit(env: Env) -> None:
 
 def test_a_writer_taken_over_by_another_instance_stops_with_producer_fenced(env: Env) -> None:
     async def scenario(engine: AsyncEngine) -> None:
-        first = env.writer(engine)
+        first = env.async_writer(engine)
         await first.recover()
-        await env.commit_one(engine, first, "first")
-        second = env.writer(engine)
+        await env.commit_one_async(engine, first, "first")
+        second = env.async_writer(engine)
         await second.recover()  # takes the transactional id over
         with pytest.raises(ProducerFencedError):
-            await env.commit_one(engine, first, "zombie")
+            await env.commit_one_async(engine, first, "zombie")
         assert first.fenced
         with pytest.raises(ProducerFencedError):  # stays fenced until an explicit recover()
-            await env.commit_one(engine, first, "zombie-2")
-        await env.commit_one(engine, second, "second")
+            await env.commit_one_async(engine, first, "zombie-2")
+        await env.commit_one_async(engine, second, "second")
         await first.close()
         await second.close()
 
@@ -387,7 +338,7 @@ def test_missing_table_missing_topic_and_a_locked_state_row_are_typed_errors(env
             await missing.recover()
         await missing.close()
 
-        writer = env.writer(engine, lock_timeout_s=0.5)
+        writer = env.async_writer(engine, lock_timeout_s=0.5)
         await writer.recover()
         started = time.monotonic()
         with pytest.raises(TopicNotFoundError, match="no-such-topic"):
@@ -406,7 +357,7 @@ def test_missing_table_missing_topic_and_a_locked_state_row_are_typed_errors(env
                 assert time.monotonic() - started < 5
                 holder.rollback()
             await writer.recover()
-        await env.commit_one(engine, writer, "ok")
+        await env.commit_one_async(engine, writer, "ok")
         await writer.close()
 
     run(scenario, env)
@@ -426,7 +377,7 @@ def test_retained_records_keep_their_partition_and_recover_all_settles_many_ids(
     async def scenario(engine: AsyncEngine) -> dict[str, str]:
         tids = [f"adw-{env.series}-shard-{i}" for i in range(3)]
         for i, tid in enumerate(tids):
-            writer = env.writer(engine, tid, on_step=stop if i != 1 else None, retain_records=True)
+            writer = env.async_writer(engine, tid, on_step=stop if i != 1 else None, retain_records=True)
             await writer.recover()
             try:
                 async with engine.connect() as conn, writer.transaction(conn) as tx:
@@ -440,7 +391,7 @@ def test_retained_records_keep_their_partition_and_recover_all_settles_many_ids(
                                        .where(env.outbox.c.transactional_id.in_(tids)))).all()
         # Every retained record knows the partition it was delivered to (for a re-publication).
         assert len(kept) == 3 and all(p is not None for _, p in kept)
-        writers = [env.writer(engine, tid, retain_records=True) for tid in tids]
+        writers = [env.async_writer(engine, tid, retain_records=True) for tid in tids]
         results = await recover_all(writers)
         for w in writers:
             await w.close()

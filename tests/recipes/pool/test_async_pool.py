@@ -19,18 +19,16 @@ from typing import Any
 
 import pytest  # noqa: E402
 import sqlalchemy as sa  # noqa: E402
-from _adw_crash import async_url  # noqa: E402
-from _dw_crash import _append, check_consistency, items_table  # noqa: E402
+from harness.adw_crash import async_url
+from harness.dw_crash import append_record, check_consistency, items_table  # noqa: E402
+from harness.loop import MeasuredLoop, assert_loop_not_blocked
+from harness.procs import child_env
 from kafka2pc.recipes.dual_write import PoolExhaustedError, Step, define_lease_table, define_state_table  # noqa: E402
 from kafka2pc.recipes.dual_write.aio import AsyncWriterPool  # noqa: E402
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine  # noqa: E402
 
 from kafka2pc import UsageError  # noqa: E402
-from kafka2pc.aio import LoopStallMonitor  # noqa: E402
 from kafka2pc.testing import create_topic  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "aio"))
-from _aio_helpers import STALL_BOUND_S  # noqa: E402
 
 
 def _async_engine(url: str) -> AsyncEngine:
@@ -89,7 +87,7 @@ def test_many_tasks_share_bounded_reused_slots(db_url: str, kafka_bootstrap: str
 
     async def scenario() -> dict[str, Any]:
         engine = _async_engine(db_url)
-        monitor = LoopStallMonitor()
+        monitor = MeasuredLoop()
         pool = AsyncWriterPool(engine, {"bootstrap.servers": kafka_bootstrap}, prefix=prefix, size=4, max_slots=3,
                                lease_s=5)
         ok: list[str] = []
@@ -120,7 +118,7 @@ def test_many_tasks_share_bounded_reused_slots(db_url: str, kafka_bootstrap: str
             async with other:
                 async with engine.connect() as conn, other.transaction(conn) as tx:
                     began = time.monotonic()
-                    async with LoopStallMonitor() as waiting:  # waiting for a slot leaves the loop free
+                    async with MeasuredLoop() as waiting:  # waiting for a slot leaves the loop free
                         with pytest.raises(PoolExhaustedError, match="no transactional id free"):
                             await _write(other, engine, topic, f"{prefix}:x:0")
                     exhausted_after = time.monotonic() - began
@@ -130,7 +128,7 @@ def test_many_tasks_share_bounded_reused_slots(db_url: str, kafka_bootstrap: str
         after_close = await pool.leases()
         await engine.dispose()
         return {"ok": ok, "held": held, "leases": leases, "metrics": metrics, "peak": peak,
-                "stall": monitor.report, "waiting": waiting.report, "exhausted_after": exhausted_after, "after_close": after_close,
+                "stall": monitor, "waiting": waiting, "exhausted_after": exhausted_after, "after_close": after_close,
                 "owner": pool.owner}
 
     out = asyncio.run(scenario())
@@ -147,11 +145,11 @@ def test_many_tasks_share_bounded_reused_slots(db_url: str, kafka_bootstrap: str
     rows, records, problems = check_consistency(sync_engine, kafka_bootstrap, topic, prefix)
     assert not problems, problems
     assert rows == records == len(out["ok"]) == 96 - failed + 1
-    print(f"\nasync pool, 32 tasks on {len(held)} slots: {out['stall'].summary()}; "
-          f"waiting {out['exhausted_after']:.2f} s for a slot: {out['waiting'].summary()}")
-    assert out["stall"].percentile(0.99) < STALL_BOUND_S, out["stall"].summary()  # busy by design: bound the p99
-    assert out["waiting"].max_stall < STALL_BOUND_S, out["waiting"].summary()  # a blocking wait would hold it 1 s
-    assert out["waiting"].stalled_fraction < 0.25, out["waiting"].summary()
+    # Busy by design: bound the p99.  Waiting for a slot leaves the loop free (a blocking wait would hold it 1 s):
+    # no tick over the bound but those the loop thread's wait for a CPU explains, stalled under a quarter of it.
+    assert_loop_not_blocked(out["stall"], f"async pool, 32 tasks on {len(held)} slots", busy=True)
+    assert_loop_not_blocked(out["waiting"], f"waiting {out['exhausted_after']:.2f} s for a slot",
+                            stalled_fraction=0.25, late_ticks=0)
     sync_engine.dispose()
 
 
@@ -251,7 +249,8 @@ def test_sync_and_async_instances_share_one_prefix(pg_url: str, kafka_bootstrap:
 def _run_child(tmp_path: Path, job: dict[str, Any]) -> list[dict[str, Any]]:
     results = tmp_path / f"{job['prefix']}.jsonl"
     job = {**job, "results": str(results)}
-    proc = subprocess.run([sys.executable, __file__, json.dumps(job)], timeout=120, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, __file__, json.dumps(job)], timeout=120, capture_output=True, text=True,
+                          env=child_env())
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     return [json.loads(line) for line in results.read_text().splitlines()]
 
@@ -390,14 +389,14 @@ async def _child(job: dict[str, Any]) -> None:
     pool = AsyncWriterPool(engine, {"bootstrap.servers": job["bootstrap"]}, prefix=job["prefix"], size=job["size"],
                            max_slots=job["tasks"], lease_s=job["lease_s"], on_step=hook)
     await pool.start()
-    _append(job["results"], {"owner": pool.owner})
+    append_record(job["results"], {"owner": pool.owner})
 
     async def run(t: int) -> None:
         for n in range(1000):
             rid = f"{job['prefix']}:{t}:{n}"
             await _write(pool, engine, job["topic"], rid)
             committed["n"] += 1
-            _append(job["results"], {"ok": rid})
+            append_record(job["results"], {"ok": rid})
 
     await asyncio.gather(*(run(t) for t in range(job["tasks"])))
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import check_consistency, items_table
 from confluent_kafka import Consumer
+from harness.dw_crash import check_consistency, items_table
+from harness.procs import child_env
 from kafka2pc.recipes.dual_write import WriterPool, define_lease_table, define_state_table
 
 from kafka2pc import TransactionAdmin
@@ -172,7 +173,7 @@ def _crash_runs(url: str, bootstrap: str, tmp_path: Path, runs: int, label: str)
                 "in_flight_wait_s": IN_FLIGHT_WAIT_S,
                 "seed": rng.randrange(1 << 30),
             }
-            proc = subprocess.Popen([sys.executable, str(WORKER), json.dumps(job)],
+            proc = subprocess.Popen([sys.executable, str(WORKER), json.dumps(job)], env=child_env(),
                                     stderr=open(tmp_path / f"{prefix}-r{run}.log", "wb"))  # noqa: SIM115
             try:
                 code = proc.wait(90)

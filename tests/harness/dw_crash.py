@@ -24,11 +24,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
+
+from harness.procs import child_env
 
 
 def items_table(metadata: sa.MetaData) -> sa.Table:
@@ -71,11 +74,11 @@ def check_consistency(engine: sa.Engine, bootstrap: str, topic: str, series: str
     return len(rows), sum(records.values()), problems
 
 
-def _kill_self() -> None:
+def kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _append(path: str, record: dict[str, Any]) -> None:
+def append_record(path: str, record: dict[str, Any]) -> None:
     line = (json.dumps(record) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -93,9 +96,51 @@ def session_name(pid: int) -> str:
     return f"k2pc-crash-{pid}"
 
 
+def step_hook(job: dict[str, Any], phase: dict[str, Any]) -> Callable[[Any], None]:
+    """The ``on_step`` hook of a crash child: kill (or stop) it at the job's step.
+
+    ``phase`` is the child's progress, which it updates as it goes: ``name``
+    ("recover", then "work"), ``txn`` (the index of the transaction under way).
+    """
+    from kafka2pc.recipes.dual_write import Step
+
+    point = job.get("point")
+    crash_txn = job.get("crash_txn", -1)
+    rng = random.Random(job.get("seed", 0))
+
+    def hook(step: Step) -> None:
+        if (job.get("stop_at") is not None and not phase.get("stopped") and phase["txn"] == crash_txn
+                and step.value == job["stop_at"]):
+            # Takeover tests: stop here (SIGSTOP), once (PRODUCED comes once per record), until the
+            # parent lets us go on (SIGCONT) or kills us.
+            phase["stopped"] = True
+            append_record(job["marker"], {"run": job["run"], "pid": os.getpid(), "step": step.value})
+            # Thread-directed, so that this thread stops before it runs on (see recipes/pool/_pool_worker.py).
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+            return
+        if phase["name"] == "recover":
+            if step.value == job.get("recovery_point"):
+                kill_self()
+            return
+        if phase["racing"] and step is Step.DB_COMMITTED:
+            time.sleep(2.0)  # the killer thread fires during this wait at the latest
+            kill_self()
+        if phase["txn"] != crash_txn or step.value != point:
+            return
+        if step is Step.DB_COMMITTING:
+            # "COMMIT sent, reply not received": die somewhere between 10 us and 30 ms into
+            # the COMMIT (log-uniform), so that both outcomes occur on fast and slow databases.
+            phase["racing"] = True
+            threading.Timer(10 ** rng.uniform(-5.0, -1.5), kill_self).start()
+            return
+        kill_self()
+
+    return hook
+
+
 def run_job(job: dict[str, Any]) -> None:
     """Run one crash job in this (forked) process; normally it ends with SIGKILL."""
-    from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
+    from kafka2pc.recipes.dual_write import DualWriter, define_state_table
 
     connect_args: dict[str, Any] = (
         {"timeout": job["sqlite_timeout"]} if "sqlite_timeout" in job and job["db_url"].startswith("sqlite") else {}
@@ -107,36 +152,7 @@ def run_job(job: dict[str, Any]) -> None:
     states = define_state_table(metadata)
     items = items_table(metadata)
     phase: dict[str, Any] = {"name": "recover", "txn": -1, "racing": False}
-    point = job.get("point")
-    crash_txn = job.get("crash_txn", -1)
-    rng = random.Random(job.get("seed", 0))
-
-    def hook(step: Step) -> None:
-        if (job.get("stop_at") is not None and not phase.get("stopped") and phase["txn"] == crash_txn
-                and step.value == job["stop_at"]):
-            # Takeover tests: stop here (SIGSTOP), once (PRODUCED comes once per record), until the
-            # parent lets us go on (SIGCONT) or kills us.
-            phase["stopped"] = True
-            _append(job["marker"], {"run": job["run"], "pid": os.getpid(), "step": step.value})
-            # Thread-directed, so that this thread stops before it runs on (see _pool_worker.py).
-            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
-            return
-        if phase["name"] == "recover":
-            if step.value == job.get("recovery_point"):
-                _kill_self()
-            return
-        if phase["racing"] and step is Step.DB_COMMITTED:
-            time.sleep(2.0)  # the killer thread fires during this wait at the latest
-            _kill_self()
-        if phase["txn"] != crash_txn or step.value != point:
-            return
-        if step is Step.DB_COMMITTING:
-            # "COMMIT sent, reply not received": die somewhere between 10 us and 30 ms into
-            # the COMMIT (log-uniform), so that both outcomes occur on fast and slow databases.
-            phase["racing"] = True
-            threading.Timer(10 ** rng.uniform(-5.0, -1.5), _kill_self).start()
-            return
-        _kill_self()
+    hook = step_hook(job, phase)
 
     config = {"bootstrap.servers": job["bootstrap"], "transactional.id": job["tid"]}
     config.update(job.get("producer_config", {}))
@@ -145,16 +161,16 @@ def run_job(job: dict[str, Any]) -> None:
         lock_timeout_s=job.get("lock_timeout_s"),
     )
     if job.get("recovery_kill_after_s") is not None:
-        threading.Timer(job["recovery_kill_after_s"], _kill_self).start()
+        threading.Timer(job["recovery_kill_after_s"], kill_self).start()
     try:
         result = writer.recover(on_heuristic="report")
     except Exception as exc:
         if not job.get("record_errors"):
             raise
-        _append(job["results"], {"run": job["run"], "role": job.get("role"), "recover_error": type(exc).__name__})
+        append_record(job["results"], {"run": job["run"], "role": job.get("role"), "recover_error": type(exc).__name__})
         return
     settlement = result.settlement
-    _append(
+    append_record(
         job["results"],
         {
             "run": job["run"],
@@ -166,7 +182,7 @@ def run_job(job: dict[str, Any]) -> None:
     )
     if job.get("recover_only"):
         if job.get("hang_after"):
-            _kill_self()
+            kill_self()
         return
     phase["name"] = "work"
     if job.get("mode") == "ctp":
@@ -179,15 +195,15 @@ def run_job(job: dict[str, Any]) -> None:
     if job.get("record_errors"):
         try:
             _transactions(job, engine, items, writer, phase, topic, use_session)
-        except Exception as exc:
-            _append(job["results"], {"run": job["run"], "role": job.get("role"), "error": type(exc).__name__,
+        except Exception as exc:  # noqa: BLE001 - reported to the parent through the results file
+            append_record(job["results"], {"run": job["run"], "role": job.get("role"), "error": type(exc).__name__,
                                      "message": str(exc)[:300]})
             return
-        _append(job["results"], {"run": job["run"], "role": job.get("role"), "error": None})
+        append_record(job["results"], {"run": job["run"], "role": job.get("role"), "error": None})
         return
     _transactions(job, engine, items, writer, phase, topic, use_session)
     if job.get("hang_after"):
-        _kill_self()
+        kill_self()
 
 
 def _transactions(
@@ -243,7 +259,7 @@ def _consume_transform_produce(
 
 
 def zygote() -> None:
-    """Read jobs from stdin, fork a child per job, report each child's end on stdout."""
+    """Import the sync writer's dependencies, then serve jobs with :func:`run_job`."""
     # Imported once here, before any thread exists; every forked child inherits them.
     import confluent_kafka
     import confluent_kafka.admin  # noqa: F401
@@ -259,6 +275,11 @@ def zygote() -> None:
     import kafka2pc._producer
     import kafka2pc._recovery  # noqa: F401
 
+    serve(run_job)
+
+
+def serve(run: Callable[[dict[str, Any]], None]) -> None:
+    """The zygote's loop: read jobs from stdin, fork a child per job that runs ``run(job)``, report its end."""
     out = sys.stdout
     out.write("ready\n")
     out.flush()
@@ -269,7 +290,7 @@ def zygote() -> None:
             os.dup2(2, 1)  # keep the protocol channel clean
             code = 0
             try:
-                run_job(job)
+                run(job)
             except BaseException as exc:  # noqa: BLE001 - reported through the exit code
                 import traceback
 
@@ -299,17 +320,21 @@ def _wait_for_sessions_to_end(job: dict[str, Any], pid: int) -> None:
 
 
 class Zygote:
-    """The parent's handle on one zygote process."""
+    """The parent's handle on one zygote process (``python -m <module> --zygote``)."""
+
+    #: The worker module the zygote runs: its ``zygote()`` imports what the children need.
+    module = "harness.dw_crash"
 
     def __init__(self, log_path: Path) -> None:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
         self._proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--zygote"],
+            [sys.executable, "-m", self.module, "--zygote"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
             bufsize=1,
+            env=child_env(),
         )
         ready = self._read(timeout=60)
         if ready != "ready":

@@ -1,8 +1,8 @@
 """Crash matrix of the asyncio dual write: SIGKILL at every named step, normal path and recovery.
 
-The sync recipe's matrix (``test_dual_write_crash.py``), run unchanged by
-its own series runner, with children that run :class:`AsyncDualWriter` on an
-event loop (``_adw_crash.py``): each child recovers what the previous one
+The sync recipe's matrix (``recipes/sync/test_dual_write_crash.py``), run unchanged by
+its series runner (``harness/crash_matrix.py``), with children that run :class:`AsyncDualWriter` on an
+event loop (``harness/adw_crash.py``): each child recovers what the previous one
 left (with the async writer), commits transactions on an ``AsyncSession`` or
 an ``AsyncConnection``, and is killed at the chosen step of one of them.
 Checked per (step, database): the child died there, the database outcome is
@@ -23,9 +23,9 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import harness.crash_matrix as matrix
 import pytest
-import test_dual_write_crash as matrix
-from _adw_crash import AsyncZygote
+from harness.adw_crash import AsyncZygote
 
 RUNS = int(os.environ.get("KAFKA2PC_AIO_CRASH_RUNS", str(len(matrix.COMBINATIONS))))
 
@@ -52,13 +52,13 @@ def test_async_crash_matrix_at_every_step(
 ) -> None:
     monkeypatch.setattr(matrix, "RUNS", RUNS)
     monkeypatch.setattr(matrix, "RACE_RUNS", RUNS)
-    pg_url = matrix._server_url(request, db_kind)
+    pg_url = matrix.server_url(request, db_kind)
     points = list(matrix.EXPECTED)
-    reports = matrix._run_matrix(
+    reports = matrix.run_matrix(
         db_kind, points, async_zygotes,  # type: ignore[arg-type]
-        lambda p: matrix._db_url(db_kind, pg_url, tmp_path, f"async-{p}"), kafka_bootstrap, tmp_path,
+        lambda p: matrix.db_url_for(db_kind, pg_url, tmp_path, f"async-{p}"), kafka_bootstrap, tmp_path,
     )
-    matrix._print(reports)
+    matrix.print_reports(reports)
     failures = [f"{r.point}/{r.db}: {f}" for r in reports for f in r.failures]
     assert not failures, "\n".join(failures)
     matrix.check_reports(reports)

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import check_consistency, items_table
+from harness.env import Env
 from kafka2pc.recipes.dual_write import (
     DualWriter,
     StateRowLockedError,
@@ -25,39 +24,6 @@ from kafka2pc.recipes.dual_write import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from kafka2pc import InvalidPreparedStateError, Kafka2pcError, ProducerFencedError, TransactionalIdMismatchError
-from kafka2pc.testing import create_topic, drain
-
-
-class Env:
-    def __init__(self, url: str, bootstrap: str) -> None:
-        self.engine = sa.create_engine(url)
-        self.bootstrap = bootstrap
-        self.topic = create_topic(bootstrap)
-        self.series = uuid.uuid4().hex[:10]
-        metadata = sa.MetaData()
-        self.states, self.items, self.outbox = define_state_table(metadata), items_table(metadata), define_outbox_table(metadata)
-        metadata.create_all(self.engine)
-
-    def writer(self, tid: str | None = None, **kwargs: Any) -> DualWriter:
-        config = {"bootstrap.servers": self.bootstrap, "transactional.id": tid or f"dw-{self.series}"}
-        return DualWriter(self.engine, config, state_table=self.states, outbox_table=self.outbox, **kwargs)
-
-    def write(self, bind: Any, tx: Any, rid: str) -> None:
-        full = f"{self.series}:{rid}"
-        bind.execute(self.items.insert().values(id=full, series=self.series))
-        tx.produce(self.topic, value=full.encode(), key=full.encode())
-
-    def rows(self) -> set[str]:
-        with self.engine.connect() as conn:
-            ids = conn.execute(sa.select(self.items.c.id).where(self.items.c.series == self.series)).scalars()
-            return {i.split(":", 1)[1] for i in ids}
-
-    def records(self) -> list[str]:
-        return sorted(r.value.decode().split(":", 1)[1] for r in drain(self.bootstrap, self.topic) if r.value)
-
-    def assert_consistent(self) -> None:
-        _, _, problems = check_consistency(self.engine, self.bootstrap, self.topic, self.series)
-        assert not problems, problems
 
 
 @pytest.fixture

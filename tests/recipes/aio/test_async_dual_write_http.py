@@ -41,6 +41,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from harness.procs import REPO
 
 from kafka2pc.testing import create_topic, drain, end_offsets
 from kafka2pc.testing.broker import port_base
@@ -48,7 +49,7 @@ from kafka2pc.testing.broker import port_base
 KILLS = int(os.environ.get("KAFKA2PC_HTTP_KILLS", "4"))
 CONCURRENCY = int(os.environ.get("KAFKA2PC_HTTP_CONCURRENCY", "64"))
 WRITERS = 4
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = REPO / "examples"
 
 
 @dataclass

@@ -27,17 +27,7 @@ import time
 from typing import Any
 
 import sqlalchemy as sa
-
-from _dw_crash import items_table  # run as a script: its directory is on sys.path
-
-
-def _append(path: str, record: dict[str, Any]) -> None:
-    line = (json.dumps(record) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+from harness.dw_crash import append_record, items_table  # tests/ is on its PYTHONPATH (harness.procs)
 
 
 def main(job: dict[str, Any]) -> None:
@@ -63,7 +53,7 @@ def main(job: dict[str, Any]) -> None:
             with lock:
                 started["n"] += 1
                 parked = started["n"]
-            _append(results, {"worker": job["worker"], "parked": parked, "step": step.value})
+            append_record(results, {"worker": job["worker"], "parked": parked, "step": step.value})
             threading.Event().wait()  # until the process is killed
         for key in ("kill_at", "stop_at"):
             if job.get(key) != step.value:
@@ -80,7 +70,7 @@ def main(job: dict[str, Any]) -> None:
                     deadline = time.monotonic() + job.get("in_flight_wait_s", 0.0)
                     while pool.metrics().commits_in_flight == 0 and time.monotonic() < deadline:
                         time.sleep(0.0001)
-                    _append(results, {"worker": job["worker"], "fault": "timer", "step": step.value,
+                    append_record(results, {"worker": job["worker"], "fault": "timer", "step": step.value,
                                       "in_flight": pool.metrics().commits_in_flight, "t": time.time()})
                     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -91,7 +81,7 @@ def main(job: dict[str, Any]) -> None:
                 from kafka2pc.testing import wait_for_open_records
 
                 wait_for_open_records(job["bootstrap"], job["topic"])
-            _append(results, {"worker": job["worker"], "fault": key, "step": step.value, "pid": os.getpid(),
+            append_record(results, {"worker": job["worker"], "fault": key, "step": step.value, "pid": os.getpid(),
                               "rid": getattr(current, "rid", None), "t": time.time()})
             if key == "kill_at":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -120,11 +110,11 @@ def main(job: dict[str, Any]) -> None:
                     tx.produce(job["topic"], value=rid.encode(), key=f"{job['worker']}:{t}".encode())
                     conn.execute(items.insert().values(id=rid, series=job["series"]))
             except Exception as exc:  # noqa: BLE001 - recorded for the parent
-                _append(results, {"worker": job["worker"], "error": type(exc).__name__, "message": str(exc)[:300],
+                append_record(results, {"worker": job["worker"], "error": type(exc).__name__, "message": str(exc)[:300],
                                   "id": rid, "t": time.time()})
                 time.sleep(0.05)
             else:
-                _append(results, {"worker": job["worker"], "ok": rid})
+                append_record(results, {"worker": job["worker"], "ok": rid})
                 with lock:
                     started["n"] += 1
             n += 1
@@ -134,11 +124,11 @@ def main(job: dict[str, Any]) -> None:
     threads = [threading.Thread(target=loop, args=(t,), name=f"w{t}") for t in range(job["threads"])]
     for thread in threads:
         thread.start()
-    _append(results, {"worker": job["worker"], "started": os.getpid(), "owner": pool.owner})
+    append_record(results, {"worker": job["worker"], "started": os.getpid(), "owner": pool.owner})
     for thread in threads:
         thread.join()
     pool.close()
-    _append(results, {"worker": job["worker"], "closed": True, "metrics": {
+    append_record(results, {"worker": job["worker"], "closed": True, "metrics": {
         "orphans_settled": pool.metrics().orphans_settled, "leases_lost": pool.metrics().leases_lost}})
     engine.dispose()
 

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import sqlalchemy as sa
-from _dw_crash import Zygote, check_consistency, items_table
+from harness.dw_crash import Zygote, check_consistency, items_table
 from kafka2pc.recipes.dual_write import DualWriter, MySQLStore, define_outbox_table, define_state_table, store_for
 
 from kafka2pc.testing import create_topic

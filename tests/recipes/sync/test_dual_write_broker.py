@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import check_consistency, items_table
+from harness.dw_crash import check_consistency, items_table
 from kafka2pc.recipes.dual_write import DualWriter, Step, WriterState, define_state_table
 
 from kafka2pc import IndefiniteOutcomeError, Kafka2pcError, PreparedTxnState, TransactionOutcome

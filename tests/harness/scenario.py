@@ -1,6 +1,11 @@
-"""Crash-test helpers: a dual-writing child process the test can kill -9, and the end-state checks.
+"""Crash-test helpers of the core and asyncio tests: a dual-writing child the test can kill -9, the end-state checks.
 
-Imported by ``conftest.py`` and the tests as ``_crash`` (tests/core is on ``sys.path``).
+A :class:`Scenario` is one transactional id, one topic and one SQLite
+database; its children run a script (``core/_child.py`` with the sync
+producer, ``aio/_aio_child.py`` with the asyncio one) that reads the steps
+it is given and prints a marker after each.  Each directory's
+``conftest.py`` gives its tests a ``scenario_factory`` fixture from
+:func:`scenario_factory_fixture`.
 """
 
 from __future__ import annotations
@@ -12,20 +17,23 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from harness.procs import REPO, child_env
 from kafka2pc import PreparedTxnState
-from kafka2pc.testing import drain, end_offsets
-
-CHILD = Path(__file__).with_name("_child.py")
-REPO = Path(__file__).resolve().parents[2]
+from kafka2pc.testing import create_topic, drain, end_offsets
 
 
 @dataclass
 class Child:
-    """A running ``_child.py``: read its markers, send it commands, kill it."""
+    """A running child script: read its markers, send it commands, kill it."""
 
     proc: subprocess.Popen[str]
     bootstrap: str
@@ -85,6 +93,8 @@ class Scenario:
     topic: str
     transactional_id: str
     db_path: Path
+    script: Path
+    """The child script :meth:`spawn` runs (``core/_child.py`` or ``aio/_aio_child.py``)."""
     children: list[Child] = field(default_factory=list)
 
     @property
@@ -97,17 +107,17 @@ class Scenario:
         return f"{self.transactional_id}-group"
 
     def spawn(self, *steps: str, timeout_ms: int | None = None) -> Child:
-        """Start ``_child.py`` running ``steps`` (see its docstring)."""
+        """Start :attr:`script` running ``steps`` (see its docstring)."""
         args = [self.bootstrap, self.topic, self.transactional_id, str(self.db_path)]
         if timeout_ms is not None:
             args += ["--timeout-ms", str(timeout_ms)]
         if any("@" in step for step in steps):
             args += ["--group", self.group]
         log_path = self.db_path.with_name(f"child-{len(self.children)}.log")
-        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        env = child_env(PYTHONUNBUFFERED="1")
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
-                [sys.executable, str(CHILD), *args, *steps],
+                [sys.executable, str(self.script), *args, *steps],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=REPO,
             )
         child = Child(proc, self.bootstrap, self.topic, self.transactional_id, self.db_path, log_path)
@@ -116,10 +126,15 @@ class Scenario:
 
     def stored_state(self) -> PreparedTxnState:
         """What the recovery routine reads from the database (empty when nothing was stored)."""
+        if not self.db_path.exists():
+            return PreparedTxnState()
         with sqlite3.connect(self.db_path) as db:
-            row = db.execute(
-                "SELECT state FROM kafka_txn_state WHERE transactional_id = ?", (self.transactional_id,)
-            ).fetchone()
+            try:
+                row = db.execute(
+                    "SELECT state FROM kafka_txn_state WHERE transactional_id = ?", (self.transactional_id,)
+                ).fetchone()
+            except sqlite3.OperationalError:  # killed before the schema existed
+                return PreparedTxnState()
         return PreparedTxnState(row[0]) if row else PreparedTxnState()
 
     def db_position(self) -> int | None:
@@ -141,8 +156,14 @@ class Scenario:
         return None if tp.offset < 0 else int(tp.offset)
 
     def db_values(self) -> list[str]:
+        """The values of the database's committed rows (none before the schema existed)."""
+        if not self.db_path.exists():
+            return []
         with sqlite3.connect(self.db_path) as db:
-            return sorted(v for (v,) in db.execute("SELECT value FROM rows"))
+            try:
+                return sorted(v for (v,) in db.execute("SELECT value FROM rows"))
+            except sqlite3.OperationalError:
+                return []
 
     def visible(self) -> list[str]:
         """Values a read_committed consumer sees (with duplicates, if any)."""
@@ -180,3 +201,28 @@ class Scenario:
                 except ProcessLookupError:
                     pass
             child.kill()
+
+
+def scenario_factory_fixture(script: Path, prefix: str) -> Any:
+    """A ``scenario_factory`` fixture whose scenarios run ``script``, with transactional ids ``<prefix>-<hex>``.
+
+    ``scenario_factory(bootstrap, partitions=1)`` -> a fresh :class:`Scenario`;
+    its children are killed at the end of the test.
+    """
+
+    @pytest.fixture(name="scenario_factory")
+    def factory(tmp_path: Path) -> Iterator[Callable[..., Scenario]]:
+        made: list[Scenario] = []
+
+        def make(bootstrap: str, partitions: int = 1) -> Scenario:
+            topic = create_topic(bootstrap, partitions=partitions)
+            tid = f"{prefix}-{uuid.uuid4().hex[:10]}"
+            scenario = Scenario(bootstrap, topic, tid, tmp_path / f"app-{len(made)}.db", script)
+            made.append(scenario)
+            return scenario
+
+        yield make
+        for scenario in made:
+            scenario.close()
+
+    return factory

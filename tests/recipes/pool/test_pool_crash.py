@@ -31,7 +31,8 @@ from typing import Any, ClassVar
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import check_consistency, items_table
+from harness.dw_crash import check_consistency, items_table
+from harness.procs import child_env
 from kafka2pc.recipes.dual_write import WriterPool, define_lease_table, define_state_table
 
 from kafka2pc import TransactionAdmin
@@ -98,7 +99,8 @@ class Cluster:
             "worker": name, "results": str(self.results), "pause_s": 0.02, **extra,
         }
         log = open(self.workdir / f"{self.prefix}-{name}.log", "ab")  # noqa: SIM115 - the child owns it
-        self.procs[name] = subprocess.Popen([sys.executable, str(WORKER), json.dumps(job)], stderr=log, stdout=log)
+        self.procs[name] = subprocess.Popen([sys.executable, str(WORKER), json.dumps(job)], stderr=log, stdout=log,
+                                               env=child_env())
         log.close()
         return name
 

@@ -1,24 +1,9 @@
-"""Crash matrix of the dual-write recipe: SIGKILL at every step of the normal path, then recover.
+"""The dual-write crash matrix's machinery: series of zygote children killed at a step, then verified.
 
-For each (crash point, database) a series of short-lived child processes
-runs under one transactional id: each child recovers what the previous one
-left, commits transactions, and kills itself with SIGKILL at the chosen step
-of one of them.  The runs of a series go through every combination of the
-killed transaction (the child's first, or one after a commit) and the bind
-(a ``Connection`` or an ORM ``Session``, the recipe's two code paths): once
-each where the outcome is deterministic, ``RACE_RUNS`` times where it is racy
-(the kill during COMMIT).  Checked:
-
-* the child really died at that step (exit by SIGKILL);
-* the database outcome of the killed transaction is the one the step implies
-  (committed from "DB committed" on, rolled back before COMMIT, either way
-  while COMMIT is in flight);
-* the next recovery decided what that outcome requires (commit the prepared
-  transaction iff the database committed its state, abort a stray one,
-  nothing when nothing was open);
-* at the end (one more recovery in this process): every committed row has
-  exactly one ``read_committed`` record and vice versa, and the
-  ``read_committed`` end offset equals the ``read_uncommitted`` one.
+``recipes/sync/test_dual_write_crash.py`` runs it with :class:`harness.dw_crash.Zygote`
+children (the sync writer), ``recipes/aio/test_async_dual_write_crash.py`` with
+:class:`harness.adw_crash.AsyncZygote` children (the asyncio writer): the jobs,
+the expected outcomes and the checks are the same.
 """
 
 from __future__ import annotations
@@ -29,7 +14,7 @@ import os
 import random
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +22,9 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import Zygote, check_consistency, items_table
 from kafka2pc.recipes.dual_write import DualWriter, define_outbox_table, define_state_table
 
-from kafka2pc import HeuristicOutcomeError
-from kafka2pc._control import ControlPlane
+from harness.dw_crash import Zygote, check_consistency, items_table
 from kafka2pc.testing import create_topic
 
 #: (index of the killed transaction, ORM Session rather than Connection): every run takes the next.
@@ -105,17 +88,17 @@ def crash_points() -> list[str]:
     return named or list(EXPECTED)
 
 
-def _db_url(kind: str, pg_url: str, tmp_path: Path, name: str) -> str:
+def db_url_for(kind: str, pg_url: str, tmp_path: Path, name: str) -> str:
     """``pg_url`` is the server database's URL (PostgreSQL or MariaDB); SQLite gets a file per name."""
     return pg_url if kind != "sqlite" else f"sqlite:///{tmp_path / f'{name}.db'}"
 
 
-def _server_url(request: pytest.FixtureRequest, db_kind: str) -> str:
+def server_url(request: pytest.FixtureRequest, db_kind: str) -> str:
     fixture = {"postgresql": "pg_url", "mariadb": "mariadb_url"}.get(db_kind)
     return str(request.getfixturevalue(fixture)) if fixture else ""
 
 
-def _prepare_db(url: str) -> sa.Engine:
+def prepare_db(url: str) -> sa.Engine:
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     metadata = sa.MetaData()
     define_state_table(metadata)
@@ -125,7 +108,7 @@ def _prepare_db(url: str) -> sa.Engine:
     return engine
 
 
-def _recover_here(engine: sa.Engine, bootstrap: str, tid: str) -> dict[str, Any]:
+def recover_here(engine: sa.Engine, bootstrap: str, tid: str) -> dict[str, Any]:
     writer = DualWriter(engine, {"bootstrap.servers": bootstrap, "transactional.id": tid},
                         state_table=define_state_table(sa.MetaData()))
     try:
@@ -176,7 +159,7 @@ def run_series(
             report.db_committed += committed
             if want_outcome is not None and committed is not want_outcome:
                 report.failures.append(f"run {run}: killed at {point}, database committed={committed}")
-        final = _recover_here(engine, bootstrap, tid)
+        final = recover_here(engine, bootstrap, tid)
         seen = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
         decisions = [r["decision"] for r in sorted(seen, key=lambda r: r["run"])][1:] + [final["decision"]]
         for run, (committed, decision) in enumerate(zip(outcomes, decisions)):
@@ -196,15 +179,8 @@ def run_series(
     return report
 
 
-@pytest.fixture
-def zygotes(tmp_path: Path) -> Iterator[list[Zygote]]:
-    procs = [Zygote(tmp_path / f"zygote-{i}.log") for i in range(PARALLEL)]
-    yield procs
-    for z in procs:
-        z.close()
 
-
-def _run_matrix(
+def run_matrix(
     db_kind: str, points: list[str], zygotes: list[Zygote], url_for: Callable[[str], str],
     bootstrap: str, tmp_path: Path,
 ) -> list[SeriesReport]:
@@ -212,7 +188,7 @@ def _run_matrix(
     jobs = []
     for i, point in enumerate(points):
         url = url_for(point)
-        _prepare_db(url).dispose()
+        prepare_db(url).dispose()
         jobs.append((point, url, 1000 + i))
 
     def one(args: tuple[str, str, int]) -> SeriesReport:
@@ -227,36 +203,11 @@ def _run_matrix(
         return list(pool.map(one, jobs))
 
 
-def _print(reports: list[SeriesReport]) -> None:
+def print_reports(reports: list[SeriesReport]) -> None:
     print(f"\n{'point':<16}{'db':<12}{'runs':>5}{'db committed':>14}  recovery decisions{'':<14}rows  records")
     for r in reports:
         decisions = ", ".join(f"{k} {v}" for k, v in sorted(r.decisions.items()))
         print(f"{r.point:<16}{r.db:<12}{r.runs:>5}{r.db_committed:>14}  {decisions:<32}{r.rows:>4}  {r.records:>7}")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite", "mariadb"])
-def test_crash_matrix(
-    db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygotes: list[Zygote], tmp_path: Path
-) -> None:
-    pg_url = _server_url(request, db_kind)
-    points = crash_points()
-    reports = _run_matrix(
-        db_kind, points, zygotes, lambda p: _db_url(db_kind, pg_url, tmp_path, p), kafka_bootstrap, tmp_path
-    )
-    _print(reports)
-    failures = [f"{r.point}/{r.db}: {f}" for r in reports for f in r.failures]
-    assert not failures, "\n".join(failures)
-    check_reports(reports)
-    committing = next((r for r in reports if r.point == "db_committing"), None)
-    if committing is None:  # narrowed by $KAFKA2PC_CRASH_POINTS
-        return
-    # Both sides of the COMMIT race were exercised, so both recovery branches ran.
-    assert committing.decisions["commit"] + committing.decisions["abort"] == committing.runs
-    assert committing.db_committed == committing.decisions["commit"]
-    assert committing.decisions["commit"] >= 1 and committing.decisions["abort"] >= 1, (
-        f"the kill during COMMIT landed on one side only in {committing.runs} runs: {dict(committing.decisions)}"
-    )
 
 
 def check_reports(reports: list[SeriesReport]) -> None:
@@ -266,13 +217,6 @@ def check_reports(reports: list[SeriesReport]) -> None:
         assert runs_at(r.point) <= r.runs <= limit, (r.point, r.runs)
         assert set(r.combinations) == set(COMBINATIONS), (r.point, dict(r.combinations))
         assert r.rows > 0 and r.rows == r.records
-
-
-@pytest.fixture
-def zygote(tmp_path: Path) -> Iterator[Zygote]:
-    z = Zygote(tmp_path / "zygote.log")
-    yield z
-    z.close()
 
 
 #: How the recovering child dies -> decisions the next recovery may take.
@@ -285,20 +229,12 @@ RECOVERY_KILLS: list[tuple[dict[str, Any], frozenset[str]]] = [
 ]
 
 
-@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite", "mariadb"])
-def test_kill_during_recovery_then_recover_again(
-    db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygote: Zygote, tmp_path: Path
-) -> None:
-    """A recovery killed at any moment leaves nothing a later recovery cannot finish (idempotence)."""
-    run_recovery_kills(db_kind, request, kafka_bootstrap, zygote, tmp_path)
-
-
 def run_recovery_kills(
     db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygote: Zygote, tmp_path: Path
 ) -> None:
     """Kill a recovering child at each of ``RECOVERY_KILLS``; the next recovery must finish the job."""
-    url = _server_url(request, db_kind) or f"sqlite:///{tmp_path / 'r.db'}"
-    engine = _prepare_db(url)
+    url = server_url(request, db_kind) or f"sqlite:///{tmp_path / 'r.db'}"
+    engine = prepare_db(url)
     series = f"recovery-kill-{db_kind}-{uuid.uuid4().hex[:6]}"
     tid, topic = f"dw-{series}", create_topic(kafka_bootstrap)
     results = tmp_path / "results.jsonl"
@@ -313,7 +249,7 @@ def run_recovery_kills(
         assert zygote.run({**base, "run": run + 1, "recover_only": True, "hang_after": True, **kill}) == -9
         killed_recoveries.append((run + 1, allowed))
         run += 2
-    final = _recover_here(engine, kafka_bootstrap, tid)  # ...and the next recovery finishes the job.
+    final = recover_here(engine, kafka_bootstrap, tid)  # ...and the next recovery finishes the job.
     seen = {r["run"]: r for r in map(json.loads, results.read_text().splitlines())}
     decisions = {run: seen.get(run + 1, {}).get("decision") for run, _ in killed_recoveries}
     decisions[killed_recoveries[-1][0]] = final["decision"]
@@ -325,93 +261,3 @@ def run_recovery_kills(
     assert not problems
     assert rows == records == len(RECOVERY_KILLS) * 4  # two transactions of two records per worker
     engine.dispose()
-
-
-def _wait_until_not_ongoing(bootstrap: str, tids: list[str], timeout: float = 60.0) -> None:
-    """Wait for the broker to abort the timed-out transactions (the test broker checks every second)."""
-    import time
-
-    with ControlPlane({"bootstrap.servers": bootstrap}) as ctrl:
-        deadline = time.monotonic() + timeout
-        while True:
-            states = {tid: getattr(ctrl.describe_transaction(tid), "state", None) for tid in tids}
-            if all(state in ("CompleteAbort", "Empty") for state in states.values()):
-                return
-            assert time.monotonic() < deadline, f"the broker did not abort the timed-out transactions: {states}"
-            time.sleep(0.5)
-
-
-def test_heuristic_outcome_is_reported_and_retained_records_are_republished_once(
-    pg_url: str, kafka_bootstrap: str, zygote: Zygote, tmp_path: Path
-) -> None:
-    """Owner down longer than transaction.timeout.ms: the broker aborts a transaction the database committed.
-
-    Without ``retain_records`` recovery raises HeuristicOutcomeError (and the
-    loss is exactly that transaction's records); with it, the records are
-    re-published exactly once, even when the re-publishing process is itself
-    killed half-way.
-    """
-    sqlite_url = f"sqlite:///{tmp_path / 'h.db'}"
-    cases = {
-        # name: (db url, retain, kill the first recovery at this step of the re-publish)
-        "plain-pg": (pg_url, False, None),
-        "retain-pg-killed-after-db-commit": (pg_url, True, "db_committed"),
-        "retain-sqlite-killed-after-prepare": (sqlite_url, True, "prepared"),
-        "retain-sqlite": (sqlite_url, True, None),
-    }
-    for url in {pg_url, sqlite_url}:
-        _prepare_db(url).dispose()
-    setup: dict[str, dict[str, Any]] = {}
-    for name, (url, retain, _) in cases.items():
-        series = f"h-{name}-{uuid.uuid4().hex[:6]}"
-        setup[name] = {
-            "db_url": url, "bootstrap": kafka_bootstrap, "tid": f"dw-{series}", "topic": create_topic(kafka_bootstrap),
-            "series": series, "results": str(tmp_path / f"{name}.jsonl"), "retain": retain,
-            "transactions": 2, "records": 2,
-        }
-        crash = {**setup[name], "run": 0, "point": "db_committed", "crash_txn": 1,
-                 "producer_config": {"transaction.timeout.ms": 5000}}
-        assert zygote.run(crash) == -9
-    _wait_until_not_ongoing(kafka_bootstrap, [job["tid"] for job in setup.values()])
-
-    for name, (url, retain, kill_at) in cases.items():
-        job = setup[name]
-        if kill_at is not None:
-            assert zygote.run({**job, "run": 1, "recover_only": True, "recovery_point": kill_at}) == -9
-        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-        metadata = sa.MetaData()
-        writer = DualWriter(
-            engine, {"bootstrap.servers": kafka_bootstrap, "transactional.id": job["tid"]},
-            state_table=define_state_table(metadata), outbox_table=define_outbox_table(metadata), retain_records=retain,
-        )
-        if not retain:
-            with pytest.raises(HeuristicOutcomeError) as info:
-                writer.recover()
-            assert info.value.transactional_id == job["tid"] and info.value.outcome == "aborted"
-            assert writer.metrics().heuristic_outcomes == 1
-            rows, records, problems = check_consistency(engine, kafka_bootstrap, job["topic"], job["series"])
-            # Exactly the heuristic transaction's two records are missing, and nothing hangs.
-            assert (rows, records) == (4, 2)
-            assert len(problems) == 1 and problems[0].startswith("committed rows without a record")
-            assert ":0-1-0" in problems[0]
-            again = writer.recover(on_heuristic="report")  # reported again, idempotent, still ready
-            assert again.heuristic and again.republished == 0
-        else:
-            result = writer.recover()
-            if kill_at == "db_committed":
-                # The killed re-publish had committed its new state: recovery commits it.
-                assert result.settlement is not None and result.settlement.plan.decision.value == "commit"
-                assert not result.heuristic and result.republished == 0
-            else:
-                assert result.heuristic and result.republished == 2
-            rows, records, problems = check_consistency(engine, kafka_bootstrap, job["topic"], job["series"])
-            assert not problems, (name, problems)
-            assert rows == records == 4
-            outbox = define_outbox_table(sa.MetaData())
-            with engine.connect() as conn:
-                left = conn.execute(
-                    sa.select(sa.func.count()).select_from(outbox).where(outbox.c.transactional_id == job["tid"])
-                ).scalar_one()
-            assert left == (0 if result.republished == 0 else 2)  # deleted lazily by the next transaction
-        writer.close()
-        engine.dispose()

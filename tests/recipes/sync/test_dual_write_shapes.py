@@ -29,12 +29,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from harness.procs import REPO, child_env
+from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
 
 from kafka2pc import Decision, TransactionOutcome
-from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
 from kafka2pc.testing import create_topic, drain, end_offsets
 
-REPO = Path(__file__).resolve().parents[2]
 FIRST, N_POSITION, NEXT_POSITION = 3, 5, 10
 PAIRS = [
     ("records", "records"),
@@ -133,7 +133,7 @@ def test_recover_aborts_prepared_n_plus_1_and_keeps_n(
         proc = subprocess.run(
             [sys.executable, __file__, bootstrap, source, sink, tid, group, db_url, shape_n, shape_next],
             stdout=subprocess.PIPE, stderr=err, text=True, timeout=180, cwd=REPO,
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            env=child_env(),
         )
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stdout, log.read_text()[-3000:])
     assert proc.stdout.split() == ["COMMITTED", "0", "COMMITTED", "1"], proc.stdout

@@ -47,7 +47,8 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import Zygote, check_consistency, items_table
+from harness.crash_matrix import prepare_db, server_url
+from harness.dw_crash import Zygote, check_consistency
 from kafka2pc.recipes.dual_write import DualWriter, define_outbox_table, define_state_table
 
 from kafka2pc.testing import create_topic
@@ -82,16 +83,6 @@ class Cell:
     @property
     def name(self) -> str:
         return f"{self.db}/{self.writer_step}x{self.recovery_step}/{'retain' if self.retain else 'plain'}/{self.a_fate}"
-
-
-def _prepare(url: str) -> sa.Engine:
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    metadata = sa.MetaData()
-    define_state_table(metadata)
-    define_outbox_table(metadata)
-    items_table(metadata)
-    metadata.create_all(engine)
-    return engine
 
 
 def _wait_marker(marker: Path, run: int, timeout: float) -> dict[str, Any] | None:
@@ -181,11 +172,6 @@ def sample_pairs(tmp_path: Path) -> Iterator[list[tuple[Zygote, Zygote]]]:
     yield from _zygote_pairs(tmp_path, 2 * PAIRS)
 
 
-def _server_url(request: pytest.FixtureRequest, db: str) -> str:
-    fixture = {"postgresql": "pg_url", "mariadb": "mariadb_url"}.get(db)
-    return str(request.getfixturevalue(fixture)) if fixture else ""
-
-
 def _url(servers: dict[str, str], tmp_path: Path, cell: Cell) -> str:
     if cell.db != "sqlite":
         return servers[cell.db]  # the server database's URL (PostgreSQL or MariaDB)
@@ -198,7 +184,7 @@ def _run(
     free = list(pairs)
     lock = threading.Lock()
     for url in {_url(servers, tmp_path, c) for c in cells}:
-        _prepare(url).dispose()  # before the threads: concurrent CREATE TABLEs of one database collide
+        prepare_db(url).dispose()  # before the threads: concurrent CREATE TABLEs of one database collide
 
     def one(cell: Cell) -> Cell:
         with lock:
@@ -234,7 +220,7 @@ def test_takeover_of_a_stopped_writer_bounded(
 ) -> None:
     """The cells of issue 11's first bug (A stopped after its prepare, B killed after settling Kafka)."""
     cells = [Cell(db, "prepared", "recovery_settled", retain, "cont", BOUNDED_RUNS) for retain in (False, True)]
-    _run(cells, zygote_pairs, {db: _server_url(request, db)}, kafka_bootstrap, tmp_path)
+    _run(cells, zygote_pairs, {db: server_url(request, db)}, kafka_bootstrap, tmp_path)
 
 
 def sample_cells(seed: int) -> list[Cell]:
@@ -259,7 +245,7 @@ def test_sample_of_every_takeover_cell(
     print(f"\ntakeover sample, KAFKA2PC_TAKEOVER_SEED={SAMPLE_SEED}")
     assert {(c.writer_step, c.recovery_step) for c in cells} == {(w, r) for w in WRITER_STEPS for r in RECOVERY_STEPS}
     assert len({(c.db, c.retain, c.a_fate) for c in cells}) == 2 * 2 * len(DATABASES)
-    servers = {db: _server_url(request, db) for db in DATABASES if db != "sqlite"}
+    servers = {db: server_url(request, db) for db in DATABASES if db != "sqlite"}
     _run(cells, sample_pairs, servers, kafka_bootstrap, tmp_path)
 
 
@@ -278,4 +264,4 @@ def test_takeover_matrix(
     recovery = os.environ.get("KAFKA2PC_TAKEOVER_RECOVERY_STEPS")
     cells = [c for c in _cells(db, writer_steps, recovery.split(",") if recovery else RECOVERY_STEPS)
              if c.retain is retain]
-    _run(cells, zygote_pairs, {db: _server_url(request, db)}, kafka_bootstrap, tmp_path)
+    _run(cells, zygote_pairs, {db: server_url(request, db)}, kafka_bootstrap, tmp_path)

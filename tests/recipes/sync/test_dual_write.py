@@ -14,20 +14,19 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from _dw_crash import Zygote, check_consistency, items_table
+from harness.dw_crash import Zygote
+from harness.env import Env
 from kafka2pc.recipes.dual_write import (
     DualWriteMetrics,
     DualWriter,
     Step,
-    define_outbox_table,
-    recover_all,
     define_state_table,
+    recover_all,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -37,7 +36,7 @@ from kafka2pc import (
     PreparedTxnState,
     ProducerFencedError,
 )
-from kafka2pc.testing import create_topic, drain, end_offsets
+from kafka2pc.testing import create_topic, end_offsets
 
 
 class Hook:
@@ -51,62 +50,16 @@ class Hook:
             self.fn(step)
 
 
-@dataclass
-class Env:
-    engine: sa.Engine
-    bootstrap: str
-    topic: str
-    series: str
-    states: sa.Table
-    items: sa.Table
-    outbox: sa.Table
-
-    def writer(self, tid: str | None = None, **kwargs: Any) -> DualWriter:
-        config = {"bootstrap.servers": self.bootstrap, "transactional.id": tid or f"dw-{self.series}"}
-        return DualWriter(self.engine, config, state_table=self.states, outbox_table=self.outbox, **kwargs)
-
-    def write(self, writer: DualWriter, conn: sa.Connection | Session, tx: Any, rid: str) -> None:
-        """One row and its record; ids carry the series so that tests can share a database."""
-        full = f"{self.series}:{rid}"
-        conn.execute(self.items.insert().values(id=full, series=self.series))
-        tx.produce(self.topic, value=full.encode(), key=full.encode())
-
-    def commit_one(self, writer: DualWriter, rid: str) -> None:
-        with self.engine.connect() as conn, writer.transaction(conn) as tx:
-            self.write(writer, conn, tx, rid)
-
-    def rows(self) -> set[str]:
-        with self.engine.connect() as conn:
-            ids = conn.execute(sa.select(self.items.c.id).where(self.items.c.series == self.series)).scalars()
-            return {i.split(":", 1)[1] for i in ids}
-
-    def records(self) -> list[str]:
-        return [r.value.decode().split(":", 1)[1] for r in drain(self.bootstrap, self.topic) if r.value]
-
-    def assert_consistent(self) -> None:
-        _, _, problems = check_consistency(self.engine, self.bootstrap, self.topic, self.series)
-        assert not problems, problems
-
-
-def _env(url: str, bootstrap: str) -> Env:
-    engine = sa.create_engine(url)
-    metadata = sa.MetaData()
-    env = Env(engine, bootstrap, create_topic(bootstrap), uuid.uuid4().hex[:10], define_state_table(metadata),
-              items_table(metadata), define_outbox_table(metadata))
-    metadata.create_all(engine)
-    return env
-
-
 @pytest.fixture
 def env(db_url: str, kafka_bootstrap: str) -> Iterator[Env]:
-    e = _env(db_url, kafka_bootstrap)
+    e = Env(db_url, kafka_bootstrap)
     yield e
     e.engine.dispose()
 
 
 @pytest.fixture
 def pg_env(pg_url: str, kafka_bootstrap: str) -> Iterator[Env]:
-    e = _env(pg_url, kafka_bootstrap)
+    e = Env(pg_url, kafka_bootstrap)
     yield e
     e.engine.dispose()
 
@@ -151,19 +104,19 @@ def test_connection_and_session_commit_both_sides_and_store_the_state(env: Env) 
 
     with env.engine.connect() as conn:  # Connection, autobegun
         with writer.transaction(conn) as tx:
-            env.write(writer, conn, tx, "c-1")
+            env.write(conn, tx, "c-1")
         assert tx.prepared_state is not None and not tx.prepared_state.is_empty
     with Session(env.engine) as session:  # ORM Session: rows flushed before prepare
         with writer.transaction(session) as tx:
             session.add(Order(id=f"{env.series}:o-1", series=env.series))
-            env.write(writer, session, tx, "s-1")
+            env.write(session, tx, "s-1")
         assert session.get(Order, f"{env.series}:o-1") is not None
 
     with env.engine.connect() as conn:
         stored = conn.execute(sa.select(env.states).where(env.states.c.transactional_id == writer.transactional_id)).one()
     assert PreparedTxnState(stored.prepared_txn_state) == tx.prepared_state  # the last transaction's state
     assert stored.updated_at is not None
-    assert sorted(env.records()) == ["c-1", "s-1"]
+    assert sorted(env.records_in_order()) == ["c-1", "s-1"]
     env.assert_consistent()
     assert writer.metrics().transactions_committed == 2
     writer.close()
@@ -176,12 +129,12 @@ def test_a_transactional_id_with_quotes_and_backslashes_is_stored_verbatim(env: 
     writer.recover()
     for rid in ("q-1", "q-2"):  # the second update is guarded by the first one's token and state
         with env.engine.connect() as conn, writer.transaction(conn) as tx:
-            env.write(writer, conn, tx, rid)
+            env.write(conn, tx, rid)
     with env.engine.connect() as conn:
         stored = conn.execute(sa.select(env.states).where(env.states.c.transactional_id == tid)).one()
     assert stored.transactional_id == tid
     assert tx.prepared_state is not None and PreparedTxnState(stored.prepared_txn_state) == tx.prepared_state
-    assert sorted(env.records()) == ["q-1", "q-2"]
+    assert sorted(env.records_in_order()) == ["q-1", "q-2"]
     env.assert_consistent()
     writer.close()
     again = env.writer(tid)
@@ -201,13 +154,13 @@ def test_an_exception_before_the_database_commit_rolls_back_both(env: Env) -> No
 
         control.fn = hook
         with pytest.raises(RuntimeError), env.engine.connect() as conn, writer.transaction(conn) as tx:
-            env.write(writer, conn, tx, f"lost-{failing_step}")
+            env.write(conn, tx, f"lost-{failing_step}")
             if failing_step is None:
                 raise RuntimeError("application error")
     control.fn = None
     env.commit_one(writer, "kept-2")  # the writer is still usable
     assert env.rows() == {"kept", "kept-2"}
-    assert sorted(env.records()) == ["kept", "kept-2"]
+    assert sorted(env.records_in_order()) == ["kept", "kept-2"]
     env.assert_consistent()
     assert writer.metrics().transactions_rolled_back == 4
     writer.close()
@@ -227,14 +180,14 @@ def test_recovery_commits_a_transaction_left_prepared_after_the_database_commit(
     writer.recover()
     with pytest.raises(Stop):
         env.commit_one(writer, "in-doubt")
-    assert env.rows() == {"in-doubt"} and env.records() == []  # the database committed, Kafka not yet
+    assert env.rows() == {"in-doubt"} and env.records_in_order() == []  # the database committed, Kafka not yet
     assert end_offsets(env.bootstrap, env.topic, "read_committed") != end_offsets(env.bootstrap, env.topic)
     writer.close()
 
     again = env.writer()
     result = again.recover()
     assert result.settlement is not None and result.settlement.plan.decision.value == "commit"
-    assert env.records() == ["in-doubt"]
+    assert env.records_in_order() == ["in-doubt"]
     second = again.recover()  # idempotent
     assert second.settlement is not None and second.settlement.plan.decision.value == "nothing"
     assert second.settlement.outcome.value == "committed"
@@ -265,7 +218,7 @@ def test_recover_all_settles_many_transactional_ids_in_parallel(pg_env: Env) -> 
     decisions = [results[tid].settlement.plan.decision.value for tid in tids]  # type: ignore[union-attr]
     assert decisions == ["commit", "nothing", "commit", "nothing"]
     assert all(r.error is None and not r.heuristic for r in results.values())
-    assert sorted(pg_env.records()) == [f"shard-{i}" for i in range(4)]
+    assert sorted(pg_env.records_in_order()) == [f"shard-{i}" for i in range(4)]
     pg_env.assert_consistent()
     snapshot = DualWriteMetrics.aggregate(w.metrics() for w in writers)
     assert snapshot.writers == 4 and snapshot.recoveries == 4 and snapshot.in_doubt_transactions == 0
@@ -335,7 +288,7 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
     def first_holds_a_transaction() -> None:
         try:
             with Session(env.engine) as session, first.transaction(session) as tx:
-                env.write(first, session, tx, "a-2")
+                env.write(session, tx, "a-2")
                 if paused_at == "body":
                     paused.set()
                     release.wait(10)
@@ -366,14 +319,14 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
     if taken_over:
         assert decision == "abort"  # the first's open Kafka transaction
         assert len(errors) == 1 and isinstance(errors[0], ProducerFencedError), errors
-        assert env.records() == ["a-1"] and env.rows() == {"a-1"}  # rolled back on both sides
+        assert env.records_in_order() == ["a-1"] and env.rows() == {"a-1"}  # rolled back on both sides
     else:
         assert not errors  # the first one's transaction committed normally
         if second_settles_first:
             assert decision == "commit" and first.fenced  # fenced during its Kafka commit, outcome read back
         else:
             assert decision == "nothing"
-        assert env.records() == ["a-1", "a-2"]
+        assert env.records_in_order() == ["a-1", "a-2"]
 
     # The second instance fenced the first: its next transaction fails and changes nothing.
     with pytest.raises(ProducerFencedError):
@@ -427,10 +380,10 @@ def test_a_takeover_after_the_prepare_is_caught_by_the_guarded_state_update(
             env.commit_one(first, "a-2")
         else:
             with Session(env.engine) as session, first.transaction(session) as tx:
-                env.write(first, session, tx, "a-2")
+                env.write(session, tx, "a-2")
     assert took_over == ["abort"]  # the taker aborted the prepared, not yet stored, transaction
     assert first.fenced
-    assert env.rows() == {"a-1"} and env.records() == ["a-1"]  # nothing of a-2 on either side
+    assert env.rows() == {"a-1"} and env.records_in_order() == ["a-1"]  # nothing of a-2 on either side
     if taker == "writer":
         env.commit_one(second, "b-1")
     env.assert_consistent()
@@ -466,10 +419,10 @@ def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str
 
     control.fn = second_recovers
     with Session(env.engine) as session, first.transaction(session) as tx:
-        env.write(first, session, tx, "held")
+        env.write(session, tx, "held")
     assert seen["took"] < 5
     assert seen["producer"] is None  # it stopped before creating a producer: nothing fenced
-    assert env.records() == ["held"]  # the first instance was not disturbed
+    assert env.records_in_order() == ["held"]  # the first instance was not disturbed
     env.assert_consistent()
     first.close()
     second.close()
@@ -501,7 +454,7 @@ def test_consume_transform_produce_is_exactly_once_across_crashes(
     """Input topic -> rows + output topic, offsets in the same 2PC transaction; children killed mid-way."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    env = _env(db_url, kafka_bootstrap)
+    env = Env(db_url, kafka_bootstrap)
     source = create_topic(kafka_bootstrap)
     producer = Producer({"bootstrap.servers": kafka_bootstrap})
     for i in range(40):
@@ -522,7 +475,7 @@ def test_consume_transform_produce_is_exactly_once_across_crashes(
         zygote.close()
     expected = {f"in-{i}" for i in range(40)}
     assert env.rows() == expected
-    assert sorted(env.records()) == sorted(expected)  # each exactly once
+    assert sorted(env.records_in_order()) == sorted(expected)  # each exactly once
     env.assert_consistent()
     consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
     committed = consumer.committed([TopicPartition(source, 0)], timeout=10)
@@ -555,14 +508,14 @@ def test_postgres_backend_terminated_at_commit_aborts_kafka(pg_env: Env, pg_url:
     control.fn = terminate
     with pytest.raises(sa.exc.DBAPIError), pg_env.engine.connect() as conn, writer.transaction(conn) as tx:
         backend["pid"] = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
-        pg_env.write(writer, conn, tx, "terminated")
+        pg_env.write(conn, tx, "terminated")
     backend.clear()
     control.fn = None
     assert pg_env.rows() == {"before"}
-    assert pg_env.records() == ["before"]  # the prepared Kafka transaction was aborted, not left open
+    assert pg_env.records_in_order() == ["before"]  # the prepared Kafka transaction was aborted, not left open
     pg_env.assert_consistent()
     pg_env.commit_one(writer, "after")
-    assert sorted(pg_env.records()) == ["after", "before"]
+    assert sorted(pg_env.records_in_order()) == ["after", "before"]
     writer.close()
     admin.dispose()
 
@@ -571,12 +524,9 @@ def test_the_state_function_carries_the_update_and_a_writer_without_it_updates_i
     pg_url: str, kafka_bootstrap: str
 ) -> None:
     """create_all makes the function; a table without it (migrations), or one dropped at run time, still works."""
-    engine = sa.create_engine(pg_url)
-    metadata = sa.MetaData()
     name = f"st_{uuid.uuid4().hex[:8]}"
-    env = Env(engine, kafka_bootstrap, create_topic(kafka_bootstrap), uuid.uuid4().hex[:10],
-              define_state_table(metadata, name), items_table(metadata), define_outbox_table(metadata, f"ob_{name}"))
-    metadata.create_all(engine)
+    env = Env(pg_url, kafka_bootstrap, state_table=name)
+    engine = env.engine
     function = f"kafka2pc_store_{name}"
     signature = f"{function}(text, text, text, text, timestamp)"
 
@@ -614,7 +564,7 @@ def test_the_state_function_carries_the_update_and_a_writer_without_it_updates_i
     assert env.rows() == {"via-function", "inline", "inline-again", "via-function-again"}
     env.assert_consistent()
     fresh.close()
-    metadata.drop_all(engine)  # drops the function with the table
+    env.metadata.drop_all(engine)  # drops the function with the table
     assert not has_function()
     engine.dispose()
 
@@ -676,16 +626,16 @@ def test_a_dead_connection_at_the_combined_commit_is_reported_as_sqlalchemy_does
     with pg_env.engine.connect() as conn:
         with pytest.raises(sa.exc.DBAPIError) as raised, writer.transaction(conn) as tx:
             backend["pid"] = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
-            pg_env.write(writer, conn, tx, "dead")
+            pg_env.write(conn, tx, "dead")
         assert raised.value.connection_invalidated and conn.invalidated
     control.fn = None
     # The combined statement (the state function's call, or the inline update, then COMMIT) went
     # through SQLAlchemy, where the listener saw it, only when there is a listener.
     assert any(s.rstrip().endswith("COMMIT") and ("UPDATE" in s or "kafka2pc_store_" in s)
                for s in seen) is statement_listener
-    assert pg_env.rows() == set() and pg_env.records() == []
+    assert pg_env.rows() == set() and pg_env.records_in_order() == []
     pg_env.commit_one(writer, "after")  # the pool hands out a live connection
-    assert pg_env.records() == ["after"]
+    assert pg_env.records_in_order() == ["after"]
     pg_env.assert_consistent()
     writer.close()
     admin.dispose()
@@ -761,7 +711,7 @@ def test_commit_reply_lost_is_settled_by_reading_the_state_back(
     real = sa.make_url(pg_url)
     proxy = CommitReplyDropper(real.host or "127.0.0.1", real.port or 5432)
     url = real.set(host="127.0.0.1", port=proxy.port, query={"sslmode": "disable"})
-    env = _env(url.render_as_string(hide_password=False), kafka_bootstrap)
+    env = Env(url.render_as_string(hide_password=False), kafka_bootstrap)
     env.engine.dispose()
     env.engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     control = Hook()
@@ -786,14 +736,14 @@ def test_commit_reply_lost_is_settled_by_reading_the_state_back(
         assert info.value.state is not None
         metrics = writer.metrics()
         assert metrics.in_doubt_transactions == 1 and metrics.oldest_open_transaction_age_s is not None
-        assert env.records() == []  # prepared, held back: nothing guessed
+        assert env.records_in_order() == []  # prepared, held back: nothing guessed
         control.fn = None
         proxy.refuse.clear()
         result = writer.recover()  # the database is back: its state row decides
         assert result.settlement is not None and result.settlement.plan.decision.value == "commit"
         assert writer.metrics().in_doubt_transactions == 0
     control.fn = None
-    assert env.records() == ["committed-unheard"]
+    assert env.records_in_order() == ["committed-unheard"]
     env.commit_one(writer, "next")
     env.assert_consistent()
     writer.close()
@@ -809,7 +759,7 @@ def test_metrics_snapshot_reports_the_open_transaction_age(env: Env) -> None:
     writer.recover()
     assert writer.metrics().oldest_open_transaction_age_s is None
     with env.engine.connect() as conn, writer.transaction(conn) as tx:
-        env.write(writer, conn, tx, "m-1")
+        env.write(conn, tx, "m-1")
         time.sleep(0.2)
         during = writer.metrics()
     after = writer.metrics()
@@ -823,7 +773,7 @@ def test_retained_records_are_kept_until_kafka_commits_and_then_dropped(env: Env
     writer = env.writer(retain_records=True)
     writer.recover()
     with env.engine.connect() as conn, writer.transaction(conn) as tx:
-        env.write(writer, conn, tx, "r-1")
+        env.write(conn, tx, "r-1")
         extra = f"{env.series}:with-headers"
         tx.produce(env.topic, value=extra, key=None, headers={"h": b"v"})
         conn.execute(env.items.insert().values(id=extra, series=env.series))
