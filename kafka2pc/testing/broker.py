@@ -21,14 +21,11 @@ The same operations are available from Python as :class:`LocalKafka`.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import logging
 import os
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import time
@@ -37,6 +34,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kafka2pc.testing._common import BrokerError, cache_dir
+from kafka2pc.testing._fetch import KAFKA_TOOLS_VERSION, _major, _minor, fetch_kafka, fetch_kafka_tools
+from kafka2pc.testing._ports import (
+    _answers_kafka,
+    _port_free,
+    port_base,
+    worker_port_base,
+)
 from kafka2pc.testing._settings import DEFAULT_KAFKA_VERSION, TEST_BROKER_SETTINGS, broker_settings
 
 __all__ = [
@@ -48,22 +53,10 @@ __all__ = [
     "fetch_kafka",
     "fetch_kafka_tools",
     "port_base",
+    "worker_port_base",
 ]
 
 logger = logging.getLogger(__name__)
-
-_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
-  <modelVersion>4.0.0</modelVersion>
-  <groupId>kafka2pc</groupId><artifactId>kafka-classpath</artifactId><version>1</version>
-  <dependencies>
-{deps}
-  </dependencies>
-</project>
-"""
-_DEP = (
-    "    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
-    "<version>{v}</version></dependency>"
-)
 
 _LOG4J2 = """Configuration:
   Appenders:
@@ -85,198 +78,6 @@ log4j.appender.FILE.File={log}
 log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
 log4j.appender.FILE.layout.ConversionPattern=[%d] %p %m (%c)%n
 """
-
-
-class BrokerError(RuntimeError):
-    """The local broker could not be fetched, started or reached."""
-
-
-def cache_dir() -> Path:
-    """Directory for jars and broker state (``$KAFKA2PC_CACHE`` or ``~/.cache/kafka2pc``)."""
-    return Path(os.environ.get("KAFKA2PC_CACHE", Path.home() / ".cache" / "kafka2pc"))
-
-
-DEFAULT_PORT_BASE = 20000
-"""First port of the block the local brokers use (below the kernel's ephemeral range).
-
-Ports inside the ephemeral range (32768–60999 on Linux) can be held by any outgoing
-connection at the moment a broker binds them.  Every local listener therefore lives in
-``[port_base(), port_base() + 2000)``; ``$KAFKA2PC_PORT_BASE`` moves the block, so two
-checkouts on one machine can each run their own brokers.
-"""
-
-
-def port_base() -> int:
-    """First port of this process's block of local listener ports (``$KAFKA2PC_PORT_BASE``)."""
-    raw = os.environ.get("KAFKA2PC_PORT_BASE", str(DEFAULT_PORT_BASE))
-    try:
-        base = int(raw)
-    except ValueError:
-        raise BrokerError(f"KAFKA2PC_PORT_BASE must be an integer, not {raw!r}") from None
-    if not 1024 <= base <= 32768 - 2000:
-        raise BrokerError(
-            f"KAFKA2PC_PORT_BASE={base} must leave its 2000 ports between 1024 and 32767 "
-            "(below the kernel's ephemeral range)"
-        )
-    return base
-
-
-def worker_port_base(base: int, worker: int) -> int:
-    """The port block of the ``worker``-th parallel test process (pytest-xdist's ``gw<worker>``) of a run in ``base``.
-
-    Worker 0 keeps ``base``; worker ``n`` takes ``base + 4000 * n`` (the block right after ``base`` stays free
-    for a second run beside this one, as CI's), or ``base - 4000 * n`` when that would reach the ephemeral range.
-    """
-    if worker < 0:
-        raise BrokerError(f"a worker index is 0 or more, not {worker}")
-    if worker == 0:
-        return base
-    for candidate in (base + 4000 * worker, base - 4000 * worker):
-        if 1024 <= candidate <= 32768 - 2000:
-            return candidate
-    raise BrokerError(f"no room for the port block of worker {worker} beside KAFKA2PC_PORT_BASE={base}")
-
-
-def _major(version: str) -> int:
-    return int(version.split(".")[0])
-
-
-def _minor(version: str) -> int:
-    return int(version.split(".")[1])
-
-
-KAFKA_TOOLS_VERSION = "4.3.1"
-"""Newest release of Apache Kafka's command-line tools (``kafka-tools``) on Maven Central.
-
-Maven Central has no ``kafka-tools`` for 4.4.0.  The tools are clients, so this
-release talks to brokers of every line; kafka2pc itself never needs them (its
-tests cross-check the CLI against ``TransactionsCommand``).
-"""
-
-
-def fetch_kafka(version: str) -> Path:
-    """Download the Kafka ``version`` broker and its dependencies from Maven Central; return the libs dir.
-
-    Only the broker (``kafka_2.13``) is fetched: the local broker needs no
-    command-line tools (see :func:`fetch_kafka_tools`).  Idempotent: a complete
-    download (marked by a ``.complete`` file) is reused.
-    """
-    deps = [("org.apache.kafka", "kafka_2.13", version)]
-    if _major(version) >= 4:
-        # 4.x logs through log4j2 but ships only the slf4j 1.x API: add its binding.
-        deps.append(("org.apache.logging.log4j", "log4j-slf4j-impl", "2.25.4"))
-    return _maven_fetch(cache_dir() / "maven" / version / "libs", deps, f"Kafka {version}")
-
-
-def fetch_kafka_tools(version: str = KAFKA_TOOLS_VERSION) -> Path:
-    """Download Apache Kafka's command-line tools (``kafka-tools``) ``version``; return the libs dir.
-
-    For cross-checking against Kafka's own ``TransactionsCommand``; nothing in
-    kafka2pc (the broker included) depends on it.
-    """
-    deps = [("org.apache.kafka", "kafka-tools", version)]
-    return _maven_fetch(cache_dir() / "maven" / f"tools-{version}" / "libs", deps, f"kafka-tools {version}")
-
-
-FETCH_LOCK_TIMEOUT_S = 900.0
-"""How long a fetch waits for another process's Maven fetch before it gives up."""
-
-
-def _maven_fetch(libs: Path, deps: list[tuple[str, str, str]], what: str) -> Path:
-    if (libs / ".complete").exists():
-        return libs
-    if shutil.which("mvn") is None:
-        raise BrokerError("Maven ('mvn') is needed to fetch Kafka jars: apt-get install maven")
-    project = libs.parent
-    project.mkdir(parents=True, exist_ok=True)
-    # Two processes (two test runs, two checkouts sharing the cache) may fetch at once: one
-    # Maven at a time (they share ~/.m2), and a second fetch of the same jars reuses the first's.
-    lock_path = cache_dir() / "maven" / ".fetch.lock"
-    with open(lock_path, "w") as lock:
-        deadline = time.monotonic() + FETCH_LOCK_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise BrokerError(
-                        f"waited {FETCH_LOCK_TIMEOUT_S:.0f}s for another process's Maven fetch "
-                        f"(it holds {lock_path}) before fetching {what}"
-                    ) from None
-                time.sleep(0.5)
-        if (libs / ".complete").exists():
-            return libs
-        return _maven_fetch_locked(libs, deps, what)
-
-
-def _maven_fetch_locked(libs: Path, deps: list[tuple[str, str, str]], what: str) -> Path:
-    project = libs.parent
-    (project / "pom.xml").write_text(
-        _POM.format(deps="\n".join(_DEP.format(g=g, a=a, v=v) for g, a, v in deps))
-    )
-    logger.info("fetching %s from Maven Central into %s", what, libs)
-    started = time.monotonic()
-    proc = subprocess.run(
-        ["mvn", "-q", "-B", "dependency:copy-dependencies", f"-DoutputDirectory={libs}"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise BrokerError(
-            f"Maven could not fetch {what}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-        )
-    (libs / ".complete").write_text(f"{time.monotonic() - started:.1f}s\n")
-    return libs
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _answers_kafka(port: int, timeout: float = 1.0) -> bool:
-    """True when a Kafka broker answers an ApiVersions request on ``127.0.0.1:port``.
-
-    An open port alone is not enough: another process may hold it (the node's
-    JVM then fails to bind and exits a moment later), and a node registers
-    with the controller before its listener serves requests.
-    """
-    client = b"kafka2pc-ready"
-    correlation = 0x6B327063
-    request = struct.pack(">hhih", 18, 0, correlation, len(client)) + client  # ApiVersions v0, empty body
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.settimeout(timeout)
-            s.sendall(struct.pack(">i", len(request)) + request)
-            reply = b""
-            while len(reply) < 8:
-                chunk = s.recv(8 - len(reply))
-                if not chunk:
-                    return False
-                reply += chunk
-    except OSError:
-        return False
-    answered: int = struct.unpack(">i", reply[4:8])[0]
-    return answered == correlation
-
-
-def _port_free(port: int) -> bool:
-    """True when a broker could bind ``127.0.0.1:port`` now.
-
-    Binds as the JVM does (``SO_REUSEADDR``), so a port held by a listener *or*
-    by any other bound socket (an outgoing connection) counts as taken, and a
-    closed connection lingering in TIME_WAIT does not.
-    """
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _default_base_port(version: str, brokers: int) -> int:

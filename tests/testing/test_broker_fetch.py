@@ -10,7 +10,7 @@ from typing import TextIO
 
 import pytest
 
-from kafka2pc.testing import broker
+from kafka2pc.testing import _fetch
 from kafka2pc.testing.broker import BrokerError
 
 
@@ -29,7 +29,7 @@ def _hold_lock(cache: Path) -> TextIO:
 
 def test_a_fetch_waits_for_the_running_one_and_reuses_its_download(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
-    monkeypatch.setattr(broker, "_maven_fetch_locked", lambda libs, deps, what: ran.append("mvn") or libs)
+    monkeypatch.setattr(_fetch, "_maven_fetch_locked", lambda libs, deps, what: ran.append("mvn") or libs)
     libs = cache / "maven" / "9.9.9" / "libs"
     lock = _hold_lock(cache)
 
@@ -41,17 +41,17 @@ def test_a_fetch_waits_for_the_running_one_and_reuses_its_download(cache: Path, 
 
     threading.Thread(target=first_fetch_finishes).start()
     started = time.monotonic()
-    assert broker._maven_fetch(libs, [("org.apache.kafka", "kafka_2.13", "9.9.9")], "Kafka 9.9.9") == libs
+    assert _fetch._maven_fetch(libs, [("org.apache.kafka", "kafka_2.13", "9.9.9")], "Kafka 9.9.9") == libs
     assert time.monotonic() - started >= 0.9  # it waited for the other fetch ...
     assert ran == []  # ... and did not run Maven again
 
 
 def test_a_fetch_that_cannot_get_the_lock_fails_within_its_bound(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(broker, "FETCH_LOCK_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(broker, "_maven_fetch_locked", lambda *a: pytest.fail("fetched without the lock"))
+    monkeypatch.setattr(_fetch, "FETCH_LOCK_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(_fetch, "_maven_fetch_locked", lambda *a: pytest.fail("fetched without the lock"))
     lock = _hold_lock(cache)
     started = time.monotonic()
     with pytest.raises(BrokerError, match="another process's Maven fetch"):
-        broker._maven_fetch(cache / "maven" / "9.9.9" / "libs", [], "Kafka 9.9.9")
+        _fetch._maven_fetch(cache / "maven" / "9.9.9" / "libs", [], "Kafka 9.9.9")
     assert time.monotonic() - started < 5
     lock.close()

@@ -1,0 +1,15 @@
+"""What the local broker's modules share: their error and their cache directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class BrokerError(RuntimeError):
+    """The local broker could not be fetched, started or reached."""
+
+
+def cache_dir() -> Path:
+    """Directory for jars and broker state (``$KAFKA2PC_CACHE`` or ``~/.cache/kafka2pc``)."""
+    return Path(os.environ.get("KAFKA2PC_CACHE", Path.home() / ".cache" / "kafka2pc"))
