@@ -11,6 +11,7 @@ every older instance and request still in flight.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,7 @@ class Ending(LibrdkafkaCalls):
         try:
             producer.init_transactions(time_left(deadline, op))
         except KafkaException as exc:
+            _discard(producer)
             raise translate_confluent_error(exc, op) from exc
         self._producer = producer
         with self._bounded(deadline, op):
@@ -122,3 +124,13 @@ class Ending(LibrdkafkaCalls):
         """End what the coordinator still holds open for this producer after its abort (:func:`end_left_open`)."""
         self._abort_doubtful = False
         end_left_open(self._ctrl, self._transactional_id, self._producer_id, self._epoch, deadline)
+
+
+def _discard(producer: Producer) -> None:
+    """Destroy a librdkafka producer whose ``init_transactions`` failed, without waiting for it.
+
+    Left alone (a traceback keeps it alive), librdkafka goes on retrying its
+    InitProducerId; one that lands after the next instance's bumps the epoch
+    and fences that instance, which then fails with ``ProducerFencedError``.
+    """
+    threading.Thread(target=producer.close, name="kafka2pc-discard-producer", daemon=True).start()
