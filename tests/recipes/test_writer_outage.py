@@ -201,8 +201,9 @@ def heal(writers: Writers, label: str) -> None:
     """Each kind commits again by itself (no recover() call) once the broker is back."""
     def work(kind: str) -> None:
         started, n = time.monotonic(), 0
-        while writers.timed(kind, f"{label}-heal-{n}")[1] != "committed":
-            assert time.monotonic() - started < HEAL_WITHIN_S, f"{kind} did not commit within {HEAL_WITHIN_S} s"
+        while (outcome := writers.timed(kind, f"{label}-heal-{n}")[1]) != "committed":
+            assert time.monotonic() - started < HEAL_WITHIN_S, (
+                f"{kind} did not commit within {HEAL_WITHIN_S} s (last call: {outcome})")
             n += 1
         print(f"\n{label}: {kind} committed again after {time.monotonic() - started:.1f} s ({n} failed calls)")
 
