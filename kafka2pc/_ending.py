@@ -133,4 +133,10 @@ def _discard(producer: Producer) -> None:
     InitProducerId; one that lands after the next instance's bumps the epoch
     and fences that instance, which then fails with ``ProducerFencedError``.
     """
-    threading.Thread(target=producer.close, name="kafka2pc-discard-producer", daemon=True).start()
+    def close() -> None:
+        try:
+            producer.close()
+        except Exception as exc:  # noqa: BLE001 - nothing depends on it: the instance was never used
+            logger.debug("closing a producer whose init_transactions failed: %r", exc)
+
+    threading.Thread(target=close, name="kafka2pc-discard-producer", daemon=True).start()
