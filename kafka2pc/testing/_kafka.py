@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kafka2pc._control import ControlPlane
@@ -39,11 +39,7 @@ def create_topic(
     """Create a topic (random name by default) and wait until it has leaders; return its name."""
     name = name or f"t-{uuid.uuid4().hex[:12]}"
     admin = AdminClient(with_librdkafka_logger({"bootstrap.servers": bootstrap_servers}))
-    futures = admin.create_topics(
-        [NewTopic(name, partitions, replication_factor, config=config or {})],
-        operation_timeout=30,
-    )
-    futures[name].result(timeout=60)
+    _create(admin, NewTopic(name, partitions, replication_factor, config=config or {}))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         md = admin.list_topics(name, timeout=10).topics.get(name)
@@ -53,6 +49,43 @@ def create_topic(
             return name
         time.sleep(0.1)
     raise TimeoutError(f"topic {name} has no leaders after 30s")
+
+
+# Errors after which CreateTopics is sent again: on a cluster that has just
+# started, librdkafka replaces its bootstrap connection by the brokers the
+# metadata names, and a request in flight on it fails with _DESTROY_BROKER.
+_CREATE_RETRIED = frozenset(
+    {
+        KafkaError._DESTROY_BROKER,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
+
+
+def _create(admin: AdminClient, topic: NewTopic, budget_s: float = 60.0) -> None:
+    """Send CreateTopics until it succeeds or ``budget_s`` passes; a retry that finds the topic succeeds."""
+    deadline = time.monotonic() + budget_s
+    attempt = 0
+    while True:
+        attempt += 1
+        future = admin.create_topics([topic], operation_timeout=30)[topic.topic]
+        try:
+            future.result(timeout=max(deadline - time.monotonic(), 1.0))
+            return
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            code = err.code() if err is not None else None
+            if code == KafkaError.TOPIC_ALREADY_EXISTS and attempt > 1:
+                return  # an earlier attempt created it, though its answer was lost
+            if (code not in _CREATE_RETRIED and not (err is not None and err.retriable())) or (
+                time.monotonic() > deadline
+            ):
+                raise
+        time.sleep(0.2)
 
 
 def end_offsets(
