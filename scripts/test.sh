@@ -31,10 +31,10 @@ no_tests() {  # pytest's exit code 5: it collected nothing
 }
 set +e
 if [ "$#" = 0 ]; then
-  # The full suite in two processes (pytest-xdist, whole modules), each with its own brokers in its own
+  # The full suite in three processes (pytest-xdist, whole modules), each with its own brokers in its own
   # port block; then, alone on the machine, the tests marked "quiet", which measure how late the event
   # loop runs or how long a call waits against its bound.
-  .venv/bin/python -m pytest -n "${KAFKA2PC_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+  .venv/bin/python -m pytest -n "${KAFKA2PC_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
     -m "not campaign and not quiet" \
     --durations=25  # the slowest tests, to keep CI's time in view
   rc=$?
