@@ -8,7 +8,7 @@ children the tests start get it on ``PYTHONPATH`` (:func:`harness.procs.child_en
 * ``procs``: the environment of child processes;
 * ``dw_crash``, ``adw_crash``: the dual write's crash workers (a zygote forking a child per job) and
   the consistency check; ``crash_matrix``: the matrix both writers run;
-* ``env``: a dual-write test's topic, series and tables;
+* ``env``: a dual-write test's topic, series and tables; ``pool``: the writer pools' engine and id prefixes;
 * ``scenario``: the core and asyncio crash scenarios and their ``scenario_factory`` fixture;
 * ``loop``: event-loop tests (stall bounds, :func:`harness.loop.assert_loop_not_blocked`).
 """

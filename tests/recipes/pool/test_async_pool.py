@@ -22,8 +22,9 @@ import sqlalchemy as sa  # noqa: E402
 from harness.adw_crash import async_url
 from harness.dw_crash import append_record, check_consistency, items_table  # noqa: E402
 from harness.loop import MeasuredLoop, assert_loop_not_blocked
+from harness.pool import pool_engine, pool_prefix  # noqa: E402
 from harness.procs import child_env
-from kafka2pc.recipes.dual_write import PoolExhaustedError, Step, define_lease_table, define_state_table  # noqa: E402
+from kafka2pc.recipes.dual_write import PoolExhaustedError, Step, define_lease_table  # noqa: E402
 from kafka2pc.recipes.dual_write.aio import AsyncWriterPool  # noqa: E402
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine  # noqa: E402
 
@@ -38,17 +39,11 @@ def _async_engine(url: str) -> AsyncEngine:
 
 
 def _setup(url: str) -> sa.Engine:
-    engine = sa.create_engine(url)
-    metadata = sa.MetaData()
-    define_state_table(metadata)
-    define_lease_table(metadata)
-    items_table(metadata)
-    metadata.create_all(engine)
-    return engine
+    return pool_engine(url)
 
 
 def _prefix(name: str) -> str:
-    return f"apool-{name}-{os.urandom(3).hex()}"
+    return pool_prefix("apool", name)
 
 
 async def _write(pool: AsyncWriterPool, engine: AsyncEngine, topic: str, rid: str, *, fail: bool = False) -> None:

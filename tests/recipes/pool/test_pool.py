@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -13,12 +12,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 from harness.dw_crash import check_consistency, items_table
+from harness.pool import pool_engine, pool_prefix
 from harness.procs import child_env
 from kafka2pc.recipes.dual_write import (
     PoolExhaustedError,
     WriterPool,
-    define_lease_table,
-    define_state_table,
 )
 
 from kafka2pc import ProducerFencedError, TransactionAdmin, UsageError
@@ -28,18 +26,11 @@ WORKER = Path(__file__).with_name("_pool_worker.py")
 
 
 def _engine(url: str) -> sa.Engine:
-    connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
-    engine = sa.create_engine(url, pool_size=12, connect_args=connect_args)
-    metadata = sa.MetaData()
-    define_state_table(metadata)
-    define_lease_table(metadata)
-    items_table(metadata)
-    metadata.create_all(engine)
-    return engine
+    return pool_engine(url, pool_size=12)
 
 
 def _prefix(name: str) -> str:
-    return f"pool-{name}-{os.urandom(3).hex()}"
+    return pool_prefix("pool", name)
 
 
 def _write(pool: WriterPool, engine: sa.Engine, topic: str, rid: str) -> None:

@@ -27,8 +27,9 @@ import pytest
 import sqlalchemy as sa
 from confluent_kafka import Consumer
 from harness.dw_crash import check_consistency, items_table
+from harness.pool import pool_engine, pool_prefix
 from harness.procs import child_env
-from kafka2pc.recipes.dual_write import WriterPool, define_lease_table, define_state_table
+from kafka2pc.recipes.dual_write import WriterPool
 
 from kafka2pc import TransactionAdmin
 from kafka2pc.testing import create_topic, end_offsets
@@ -43,18 +44,11 @@ LEASE_S = 1.0
 
 
 def _engine(url: str) -> sa.Engine:
-    connect_args = {"timeout": 30} if url.startswith("sqlite") else {}
-    engine = sa.create_engine(url, pool_size=10, connect_args=connect_args)
-    metadata = sa.MetaData()
-    define_state_table(metadata)
-    define_lease_table(metadata)
-    items_table(metadata)
-    metadata.create_all(engine)
-    return engine
+    return pool_engine(url, pool_size=10)
 
 
 def _prefix(name: str) -> str:
-    return f"pipe-{name}-{os.urandom(3).hex()}"
+    return pool_prefix("pipe", name)
 
 
 def test_pipelined_transactions_keep_the_order_per_partition(pg_url: str, kafka_bootstrap: str) -> None:
