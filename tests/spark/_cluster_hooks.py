@@ -51,3 +51,14 @@ class SlowAt:
             self.batch, self.partition, 0
         ):
             time.sleep(self.seconds)
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Every hook of ``hooks``, in order, at each point."""
+
+    hooks: tuple[object, ...]
+
+    def __call__(self, point: TaskPoint) -> None:
+        for hook in self.hooks:
+            hook(point)  # type: ignore[operator]

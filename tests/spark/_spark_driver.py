@@ -51,11 +51,13 @@ def crash_hook():  # type: ignore[no-untyped-def]
 
 
 def task_hook(spec):  # type: ignore[no-untyped-def]
-    """A task hook of ``_cluster_hooks`` from ``{"kind": "BlockAt" | "SlowAt", **fields}``."""
+    """A task hook of ``_cluster_hooks`` from ``{"kind": "BlockAt" | "SlowAt", **fields}``, or a list of them."""
     if not spec:
         return None
     import _cluster_hooks
 
+    if isinstance(spec, list):
+        return _cluster_hooks.Chain(tuple(task_hook(one) for one in spec))
     fields = dict(spec)
     return getattr(_cluster_hooks, fields.pop("kind"))(**fields)
 

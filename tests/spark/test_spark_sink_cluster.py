@@ -1,10 +1,11 @@
 """Both paths on a Spark standalone cluster (Master + two Workers on 127.0.0.1 and 127.0.0.2).
 
-Each test runs a driver process (``_spark_driver.py``) against the cluster:
-an executor JVM killed with SIGKILL while its task holds a prepared
-transaction, and a real speculative copy of a slow task on the other Worker
-("host").  Every row must be visible exactly once, nothing left open.  Each
-runs for the ``foreachBatch`` sink (a rate source) and, on PySpark 4, for
+One driver process (``_spark_driver.py``) runs a job on the cluster with
+two faults: a real speculative copy of a slow task on the other Worker
+("host") in one batch, and an executor JVM killed with SIGKILL while its task
+holds a prepared transaction in the next.  Every row must be visible exactly
+once, nothing left open.  It runs for the ``foreachBatch`` sink (a rate
+source) and, on PySpark 4, for
 ``format("kafka2pc")`` (JSON files, AvailableNow: the data source has no
 per-batch hook to stop at a batch).
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 import pyspark
 import pytest
-from _sparkkit import assert_exactly_once, finish_driver, start_driver, write_json_files
+from _sparkkit import assert_exactly_once, start_driver, write_json_files
 from _standalone import StandaloneCluster, java_ancestor, start_cluster
 from kafka2pc.recipes.spark import LocalDecisionStore
 
@@ -75,25 +76,40 @@ def attempt_used(path: str, tmp_path: Path, metrics_path: Path, batch: int, part
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_executor_killed_while_its_task_holds_a_prepared_transaction(
+def test_speculative_copy_then_executor_killed_while_its_task_holds_a_prepared_transaction(
     cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path, path: str
 ) -> None:
+    """One job, two faults.  Batch 1: attempt 0 of one task stalls after opening its transaction, and
+    Spark runs a speculative copy on the other Worker ("host"), which wins.  Batch 2: the executor
+    whose task holds a prepared transaction is killed with SIGKILL, and the task runs again."""
     rows, last = 300, 3
     out = topic_factory(partitions=2)
     marker = tmp_path / "blocked.pid"
     source, expected = source_cfg(path, tmp_path, rows, last)
     cfg = {
         "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"), **source,
-        "master": cluster.master_url, "spark_conf": cluster_conf(cluster),
-        "task_hook": {"kind": "BlockAt", "step": "prepared", "batch": 1, "partition": 0, "marker": str(marker)},
+        "master": cluster.master_url,
+        "spark_conf": cluster_conf(
+            cluster, **{
+                "spark.speculation": "true", "spark.speculation.interval": "200ms",
+                "spark.speculation.multiplier": "1.5", "spark.speculation.quantile": "0.5",
+                # The stalled task is speculated after 5 s; the blocked one is killed well before that.
+                "spark.speculation.minTaskRuntime": "5s",
+            }
+        ),
+        "task_hook": [
+            {"kind": "SlowAt", "batch": 1, "partition": 0, "seconds": 25},
+            {"kind": "BlockAt", "step": "prepared", "batch": 2, "partition": 0, "marker": str(marker)},
+        ],
     }
+    before = cluster.applications()
     run = start_driver(cfg, tmp_path, None, "run")
     try:
         deadline = time.monotonic() + 240
         while not marker.exists():
             assert run.proc.poll() is None, f"driver exited early: {run.log()}"
             assert time.monotonic() < deadline, f"the task never reached the kill point: {run.log()}"
-            time.sleep(0.2)
+            time.sleep(0.05)
         python_worker = int(marker.read_text())
         executor = java_ancestor(python_worker)
         assert executor is not None and executor in cluster.executor_pids()
@@ -106,37 +122,9 @@ def test_executor_killed_while_its_task_holds_a_prepared_transaction(
     if path == "foreachBatch":
         metrics = {m["batch_id"]: m for m in json.loads(run.metrics_path.read_text())}
         assert sorted(metrics) == list(range(last + 1))
-    assert attempt_used(path, tmp_path, run.metrics_path, 1, 0) >= 1  # the killed attempt's task ran again
-    assert_exactly_once(kafka_bootstrap, out, expected)
-
-
-@pytest.mark.parametrize("path", PATHS)
-def test_real_speculative_copy_on_the_other_worker(
-    cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path, path: str
-) -> None:
-    """Attempt 0 of one task stalls after opening its transaction; Spark speculates it on the other host."""
-    rows, last = 300, 2
-    out = topic_factory(partitions=2)
-    source, expected = source_cfg(path, tmp_path, rows, last)
-    cfg = {
-        "bootstrap": kafka_bootstrap, "out_topic": out, "checkpoint": str(tmp_path / "chk"), **source,
-        "master": cluster.master_url,
-        "spark_conf": cluster_conf(
-            cluster, **{
-                "spark.speculation": "true", "spark.speculation.interval": "200ms",
-                "spark.speculation.multiplier": "1.5", "spark.speculation.quantile": "0.5",
-                "spark.speculation.minTaskRuntime": "1s",
-            }
-        ),
-        "task_hook": {"kind": "SlowAt", "batch": 1, "partition": 0, "seconds": 25},
-    }
-    before = cluster.applications()
-    metrics = {m["batch_id"]: m for m in finish_driver(cfg, tmp_path, "run")}
-    if path == "foreachBatch":
-        assert sorted(metrics) == list(range(last + 1))
-    # Nothing failed, so an attempt number above 0 is the speculative copy, and it won.
-    assert attempt_used(path, tmp_path, tmp_path / "run.metrics.json", 1, 0) >= 1
-    # The executors' logs show both attempts of one task, running at once on the two hosts.
+    # Batch 1: nothing failed, so an attempt number above 0 is the speculative copy, and it won; the
+    # executors' logs show both attempts of one task, running at once on the two hosts.
+    assert attempt_used(path, tmp_path, run.metrics_path, 1, 0) >= 1
     attempts = cluster.task_attempts(cluster.applications() - before)
     hosts: dict[tuple[str, str, int], dict[int, str]] = {}
     for app, stage, task, attempt, host in attempts:
@@ -144,4 +132,6 @@ def test_real_speculative_copy_on_the_other_worker(
     speculated = [key for key, by_attempt in hosts.items() if {0, 1} <= set(by_attempt)
                   and by_attempt[0] != by_attempt[1]]
     assert speculated, f"no task ran two attempts on two hosts: {sorted(attempts)}"
+    # Batch 2: the killed attempt's task ran again, and its decision took the new attempt.
+    assert attempt_used(path, tmp_path, run.metrics_path, 2, 0) >= 1
     assert_exactly_once(kafka_bootstrap, out, expected)
