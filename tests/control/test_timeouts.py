@@ -169,8 +169,14 @@ def private_kafka() -> Iterator[LocalKafka]:
         yield kafka
 
 
-def prepared_transaction(bootstrap: str) -> tuple[str, Any, TwoPhaseCommitProducer]:
-    """A prepared (flushed, not committed) transaction: its id, state and producer."""
+def prepared_transaction(kafka: LocalKafka) -> tuple[str, Any, TwoPhaseCommitProducer]:
+    """A prepared (flushed, not committed) transaction: its id, state and producer.
+
+    The broker is first waited for: after an earlier test froze or killed it, its controller may still
+    count it fenced (its heartbeats stopped), and a topic cannot be created until it is back.
+    """
+    kafka.wait_ready(timeout=90)
+    bootstrap = kafka.bootstrap_servers
     topic = f"timeouts-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic)
     txid = f"timeouts-tx-{uuid.uuid4().hex[:8]}"
@@ -186,7 +192,7 @@ def prepared_transaction(bootstrap: str) -> tuple[str, Any, TwoPhaseCommitProduc
 
 def test_unanswering_broker_bounds_every_admin_call(private_kafka: LocalKafka) -> None:
     bootstrap = private_kafka.bootstrap_servers
-    txid, state, producer = prepared_transaction(bootstrap)
+    txid, state, producer = prepared_transaction(private_kafka)
     try:
         with TransactionAdmin({"bootstrap.servers": bootstrap}) as admin:
             assert admin.describe_transaction(txid) is not None  # connected, coordinator known
@@ -215,7 +221,7 @@ def test_end_txn_in_flight_when_the_broker_freezes_is_indefinite_within_the_time
     private_kafka: LocalKafka,
 ) -> None:
     bootstrap = private_kafka.bootstrap_servers
-    txid, state, producer = prepared_transaction(bootstrap)
+    txid, state, producer = prepared_transaction(private_kafka)
     try:
         with ControlPlane({"bootstrap.servers": bootstrap}) as cp:
             desc = cp.describe_transaction(txid, timeout=30)
@@ -232,7 +238,7 @@ def test_end_txn_in_flight_when_the_broker_freezes_is_indefinite_within_the_time
 
 def test_killed_broker_bounds_every_admin_call(private_kafka: LocalKafka) -> None:
     bootstrap = private_kafka.bootstrap_servers
-    txid, state, producer = prepared_transaction(bootstrap)
+    txid, state, producer = prepared_transaction(private_kafka)
     try:
         with TransactionAdmin({"bootstrap.servers": bootstrap}) as admin:
             assert admin.describe_transaction(txid) is not None
