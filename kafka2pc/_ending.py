@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,14 @@ from kafka2pc._state import PreparedTxnState
 __all__ = ["Ending"]
 
 logger = logging.getLogger("kafka2pc._producer")  # one logger name for the producer's modules
+
+# close() on a producer whose init_transactions failed tries to abort and warns (RuntimeWarning:
+# "Producer abort_transaction failed during close"): expected for the producers _discard closes, so
+# ignored there, and only there (the filter matches warnings raised from this module).
+warnings.filterwarnings(
+    "ignore", message="Producer abort_transaction failed during close", category=RuntimeWarning,
+    module=r"kafka2pc\._ending$",
+)
 
 
 class Ending(LibrdkafkaCalls):
