@@ -48,7 +48,7 @@ SQLALCHEMY_LINES = {"3.10": "2.0", "3.13": "2.1"}
 """The SQLAlchemy line each Python tests (the others take whatever pip resolves, today 2.1)."""
 
 nox.options.sessions = ["tests", "docs"]
-nox.options.default_venv_backend = "venv"
+nox.options.default_venv_backend = "uv|venv"  # uv (dev extras) installs in seconds; venv without it
 nox.options.reuse_existing_virtualenvs = True
 
 
