@@ -3,8 +3,9 @@
 One driver process (``_spark_driver.py``) runs a job on the cluster with
 two faults: a real speculative copy of a slow task on the other Worker
 ("host") in one batch, and an executor JVM killed with SIGKILL while its task
-holds a prepared transaction in the next.  Every row must be visible exactly
-once, nothing left open.  It runs for the ``foreachBatch`` sink (a rate
+holds a prepared transaction in the next; and, for ``format("kafka2pc")``, a
+batch job whose executor is killed the same way.  Every row must be visible
+exactly once, nothing left open.  It runs for the ``foreachBatch`` sink (a rate
 source) and, on PySpark 4, for
 ``format("kafka2pc")`` (JSON files, AvailableNow: the data source has no
 per-batch hook to stop at a batch).
@@ -135,3 +136,43 @@ def test_speculative_copy_then_executor_killed_while_its_task_holds_a_prepared_t
     # Batch 2: the killed attempt's task ran again, and its decision took the new attempt.
     assert attempt_used(path, tmp_path, run.metrics_path, 2, 0) >= 1
     assert_exactly_once(kafka_bootstrap, out, expected)
+
+
+if "datasource" in PATHS:
+
+    def test_batch_job_with_an_executor_killed_while_its_task_holds_a_prepared_transaction(
+        cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+    ) -> None:
+        """``df.write.format("kafka2pc")``: the executor running attempt 0 of partition 0 is killed with
+        SIGKILL once that attempt prepared its transaction; the task runs again under its next attempt's
+        id, the job commits, and the killed attempt's transaction is aborted, not left hanging."""
+        out = topic_factory(partitions=2)
+        marker = tmp_path / "blocked.pid"
+        expected = write_json_files(tmp_path / "in", [150] * 4)
+        cfg = {
+            "bootstrap": kafka_bootstrap, "out_topic": out, "sink": "datasource", "source": "batch",
+            "files_dir": str(tmp_path / "in"), "run_id": "cluster-batch", "decision_path": str(tmp_path / "d"),
+            "master": cluster.master_url, "spark_conf": cluster_conf(cluster),
+            "task_hook": {"kind": "BlockAt", "step": "prepared", "batch": 0, "partition": 0, "marker": str(marker)},
+        }
+        run = start_driver(cfg, tmp_path, None, "run")
+        try:
+            deadline = time.monotonic() + 240
+            while not marker.exists():
+                assert run.proc.poll() is None, f"driver exited early: {run.log()}"
+                assert time.monotonic() < deadline, f"the task never reached the kill point: {run.log()}"
+                time.sleep(0.05)
+            executor = java_ancestor(int(marker.read_text()))
+            assert executor is not None and executor in cluster.executor_pids()
+            os.kill(executor, signal.SIGKILL)
+            rc = run.proc.wait(300)
+        finally:
+            if run.proc.poll() is None:
+                run.kill_group()
+        assert rc == 0, f"driver failed (rc={rc}): {run.log()}"
+        (sink_dir,) = (tmp_path / "d").iterdir()
+        decision = LocalDecisionStore(sink_dir).get(0)
+        assert decision is not None
+        (tid,) = [t.transactional_id for t in decision.transactions if t.partition == 0]
+        assert int(tid.rsplit(".", 1)[1]) >= 1  # the killed attempt's task ran again, and that attempt counted
+        assert_exactly_once(kafka_bootstrap, out, expected)
