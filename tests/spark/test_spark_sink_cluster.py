@@ -76,6 +76,27 @@ def attempt_used(path: str, tmp_path: Path, metrics_path: Path, batch: int, part
     return int(tid.rsplit(".", 1)[1])
 
 
+def run_killing_the_executor(cluster: StandaloneCluster, cfg: dict[str, Any], tmp_path: Path, marker: Path) -> Any:
+    """Run the driver; when a task hook (``BlockAt``) writes ``marker``, SIGKILL the executor JVM of the
+    Python worker it names; the driver must then finish (exit 0).  The finished run."""
+    run = start_driver(cfg, tmp_path, None, "run")
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert run.proc.poll() is None, f"driver exited early: {run.log()}"
+            assert time.monotonic() < deadline, f"the task never reached the kill point: {run.log()}"
+            time.sleep(0.05)
+        executor = java_ancestor(int(marker.read_text()))
+        assert executor is not None and executor in cluster.executor_pids()
+        os.kill(executor, signal.SIGKILL)
+        rc = run.proc.wait(300)
+    finally:
+        if run.proc.poll() is None:
+            run.kill_group()
+    assert rc == 0, f"driver failed (rc={rc}): {run.log()}"
+    return run
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_speculative_copy_then_executor_killed_while_its_task_holds_a_prepared_transaction(
     cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path, path: str
@@ -104,22 +125,7 @@ def test_speculative_copy_then_executor_killed_while_its_task_holds_a_prepared_t
         ],
     }
     before = cluster.applications()
-    run = start_driver(cfg, tmp_path, None, "run")
-    try:
-        deadline = time.monotonic() + 240
-        while not marker.exists():
-            assert run.proc.poll() is None, f"driver exited early: {run.log()}"
-            assert time.monotonic() < deadline, f"the task never reached the kill point: {run.log()}"
-            time.sleep(0.05)
-        python_worker = int(marker.read_text())
-        executor = java_ancestor(python_worker)
-        assert executor is not None and executor in cluster.executor_pids()
-        os.kill(executor, signal.SIGKILL)
-        rc = run.proc.wait(300)
-    finally:
-        if run.proc.poll() is None:
-            run.kill_group()
-    assert rc == 0, f"driver failed (rc={rc}): {run.log()}"
+    run = run_killing_the_executor(cluster, cfg, tmp_path, marker)
     if path == "foreachBatch":
         metrics = {m["batch_id"]: m for m in json.loads(run.metrics_path.read_text())}
         assert sorted(metrics) == list(range(last + 1))
@@ -155,21 +161,7 @@ if "datasource" in PATHS:
             "master": cluster.master_url, "spark_conf": cluster_conf(cluster),
             "task_hook": {"kind": "BlockAt", "step": "prepared", "batch": 0, "partition": 0, "marker": str(marker)},
         }
-        run = start_driver(cfg, tmp_path, None, "run")
-        try:
-            deadline = time.monotonic() + 240
-            while not marker.exists():
-                assert run.proc.poll() is None, f"driver exited early: {run.log()}"
-                assert time.monotonic() < deadline, f"the task never reached the kill point: {run.log()}"
-                time.sleep(0.05)
-            executor = java_ancestor(int(marker.read_text()))
-            assert executor is not None and executor in cluster.executor_pids()
-            os.kill(executor, signal.SIGKILL)
-            rc = run.proc.wait(300)
-        finally:
-            if run.proc.poll() is None:
-                run.kill_group()
-        assert rc == 0, f"driver failed (rc={rc}): {run.log()}"
+        run_killing_the_executor(cluster, cfg, tmp_path, marker)
         (sink_dir,) = (tmp_path / "d").iterdir()
         decision = LocalDecisionStore(sink_dir).get(0)
         assert decision is not None
