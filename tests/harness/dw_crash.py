@@ -70,8 +70,35 @@ def check_consistency(engine: sa.Engine, bootstrap: str, topic: str, series: str
         problems.append(f"records without a committed row: {phantom[:5]} ({len(phantom)})")
     rc, ru = settled_end_offsets(bootstrap, topic), end_offsets(bootstrap, topic, "read_uncommitted")
     if rc != ru:
-        problems.append(f"transaction left hanging: read_committed end {rc} != read_uncommitted end {ru}")
+        problems.append(f"transaction left hanging: read_committed end {rc} != read_uncommitted end {ru}; "
+                        f"{holders(bootstrap, topic, rc, ru)}")
     return len(rows), sum(records.values()), problems
+
+
+def holders(bootstrap: str, topic: str, stable: dict[int, int], high: dict[int, int]) -> str:
+    """Who holds ``topic``'s last stable offsets back: the partitions' open producers and their coordinators' view."""
+    from kafka2pc._control import ControlPlane
+    from kafka2pc._types import TopicAndPartition as Partition
+
+    with ControlPlane({"bootstrap.servers": bootstrap}) as ctrl:
+        open_on = {
+            p: [(s.producer_id, s.producer_epoch, s.current_txn_start_offset)
+                for s in ctrl.describe_producers(Partition(topic, p), timeout=10) if s.current_txn_start_offset >= 0]
+            for p, h in high.items() if stable.get(p, 0) < h
+        }
+        ids = {pid for rows in open_on.values() for pid, _, _ in rows}
+        listed = [(t.transactional_id, t.producer_id, t.state) for t in ctrl.list_transactions(timeout=10)
+                  if t.producer_id in ids]
+        described = [ctrl.describe_transaction(tid, timeout=10) for tid, _, _ in listed]
+    return f"open on the partitions (producer id, epoch, first offset): {open_on}; at the coordinator: {described}"
+
+
+RACE_DELAY = (-5.0, -1.5)
+"""The kill during COMMIT: 10 ** uniform(low, high) seconds after the COMMIT step (10 us to 30 ms)."""
+RACE_DELAY_EARLY = (-6.0, -4.7)
+"""Delays that mostly kill before the COMMIT leaves the process (1 to 20 us): the rolled-back side."""
+RACE_DELAY_LATE = (-2.0, -1.3)
+"""Delays that mostly kill after the database answered (10 to 50 ms): the committed side."""
 
 
 def kill_self() -> None:
@@ -130,8 +157,10 @@ def step_hook(job: dict[str, Any], phase: dict[str, Any]) -> Callable[[Any], Non
         if step is Step.DB_COMMITTING:
             # "COMMIT sent, reply not received": die somewhere between 10 us and 30 ms into
             # the COMMIT (log-uniform), so that both outcomes occur on fast and slow databases.
+            # ``race_delay`` narrows the range (decimal exponents of seconds) toward one side.
             phase["racing"] = True
-            threading.Timer(10 ** rng.uniform(-5.0, -1.5), kill_self).start()
+            low, high = job.get("race_delay", RACE_DELAY)
+            threading.Timer(10 ** rng.uniform(low, high), kill_self).start()
             return
         kill_self()
 

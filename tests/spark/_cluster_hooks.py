@@ -16,7 +16,13 @@ from kafka2pc.recipes.spark import TaskPoint
 
 @dataclass(frozen=True)
 class BlockAt:
-    """Attempt 0 of ``partition`` in ``batch`` writes its pid to ``marker`` at ``step`` and blocks (to be killed)."""
+    """The first attempt of ``partition`` in ``batch`` to reach ``step`` writes ``"<pid> <attempt>"`` to
+    ``marker`` and blocks (to be killed); later attempts pass.
+
+    The first to arrive, not attempt 0: on a loaded machine Spark may speculate the task, and the copy
+    that wins has attempt 0 killed before it gets there.  An exclusive create of ``<marker>.claim``
+    decides (the Workers share this machine's file system).
+    """
 
     step: str
     batch: int
@@ -24,13 +30,15 @@ class BlockAt:
     marker: str
 
     def __call__(self, point: TaskPoint) -> None:
-        if (point.step.value, point.spec.batch_id, point.partition, point.attempt) != (
-            self.step, self.batch, self.partition, 0
-        ):
+        if (point.step.value, point.spec.batch_id, point.partition) != (self.step, self.batch, self.partition):
             return
+        try:
+            os.close(os.open(self.marker + ".claim", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return  # another attempt blocked here; this one is its retry or a copy
         parent = os.getppid()
         tmp = Path(self.marker + ".tmp")
-        tmp.write_text(str(os.getpid()))
+        tmp.write_text(f"{os.getpid()} {point.attempt}")
         tmp.rename(self.marker)
         deadline = time.monotonic() + 600
         while os.getppid() == parent and time.monotonic() < deadline:
