@@ -33,6 +33,7 @@ from kafka2pc._exceptions import (
 from kafka2pc._machine import StateMachine, TxnState
 from kafka2pc._producer_config import check_broker, parse_config
 from kafka2pc._recovery import Settlement, settle
+from kafka2pc._recovery_policy import LSO_WAIT_S
 from kafka2pc._state import PreparedTxnState
 from kafka2pc._types import TopicAndPartition
 
@@ -452,8 +453,12 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
             if deadline is None:
                 self._last_settlement = settle(self._ctrl, self._transactional_id, state)
             else:
+                # A decided transaction whose marker never reaches its partition (a broker bug) is
+                # waited for a third of the time left at most: the settlement then reports it
+                # unknown in time, instead of the call running out of time on every retry.
+                lso_wait_s = min(LSO_WAIT_S, max(0.0, (deadline - time.monotonic()) / 3))
                 with self._bounded(deadline, "complete_transaction"):
-                    self._last_settlement = settle(self._ctrl, self._transactional_id, state)
+                    self._last_settlement = settle(self._ctrl, self._transactional_id, state, lso_wait_s=lso_wait_s)
         except IndefiniteOutcomeError:
             if source is not TxnState.IN_DOUBT:
                 self._machine.transition_to(TxnState.IN_DOUBT, operation="complete_transaction")

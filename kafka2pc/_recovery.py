@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from kafka2pc._control import ControlPlane
 from kafka2pc._recovery_policy import (
+    LSO_WAIT_S,
     Clock,
     Decision,
     DescribeProducers,
@@ -123,7 +124,7 @@ def wait_for_markers(ctrl: ControlPlane, transactional_ids: Sequence[str], timeo
 
 def plan(
     ctrl: ControlPlane, transactional_id: str, state: PreparedTxnState, *, settle_timeout_s: float = 30.0,
-    lso_wait_s: float = 5.0,
+    lso_wait_s: float = LSO_WAIT_S,
 ) -> RecoveryPlan:
     """Decide what recovery would do for ``transactional_id`` given the stored ``state``; change nothing.
 
@@ -143,6 +144,7 @@ def settle(
     *,
     raise_on_heuristic: bool = True,
     indefinite_retries: int = 5,
+    lso_wait_s: float = LSO_WAIT_S,
 ) -> Settlement:
     """Carry out :func:`plan`: commit the prepared transaction, or abort a stray one.
 
@@ -150,11 +152,12 @@ def settle(
     Raises :class:`HeuristicOutcomeError` when Kafka aborted the stored
     transaction (unless ``raise_on_heuristic=False``).  An EndTxn without an
     answer is re-planned and retried up to ``indefinite_retries`` times, then
-    raises :class:`IndefiniteOutcomeError`.
+    raises :class:`IndefiniteOutcomeError`.  ``lso_wait_s`` as for :func:`plan`.
     """
     return run(
         ctrl,
         settle_policy(
-            transactional_id, state, raise_on_heuristic=raise_on_heuristic, indefinite_retries=indefinite_retries
+            transactional_id, state, raise_on_heuristic=raise_on_heuristic, indefinite_retries=indefinite_retries,
+            lso_wait_s=lso_wait_s,
         ),
     )

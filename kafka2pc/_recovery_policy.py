@@ -81,6 +81,8 @@ MARKER_POLL_INTERVAL_S = 0.005
 """Between two looks at a coordinator writing the markers of a transaction just ended (milliseconds' work)."""
 OUTCOME_POLL_INTERVAL_S = 0.5
 """Between two probes of outcomes that are still unknown (a last stable offset held back)."""
+LSO_WAIT_S = 5.0
+"""How long a plan waits for a decided transaction's marker to reach its anchor's partition."""
 
 
 # -- values ------------------------------------------------------------------------
@@ -383,7 +385,7 @@ def markers_pending(state: PreparedTxnState) -> Policy[bool]:
 
 
 def plan_policy(
-    transactional_id: str, state: PreparedTxnState, *, settle_timeout_s: float = 30.0, lso_wait_s: float = 5.0
+    transactional_id: str, state: PreparedTxnState, *, settle_timeout_s: float = 30.0, lso_wait_s: float = LSO_WAIT_S
 ) -> Policy[RecoveryPlan]:
     """Decide what recovery would do for ``transactional_id`` given the stored ``state``; change nothing.
 
@@ -401,11 +403,18 @@ def plan_policy(
         )
     stored = yield from stored_outcome(state)
     deadline: float = (yield Clock()) + lso_wait_s
-    while (
-        stored is TransactionOutcome.ONGOING
-        and (yield Clock()) < deadline
-        and (yield from markers_pending(state))
-    ):
+    while stored is TransactionOutcome.ONGOING and (yield from markers_pending(state)):
+        if (yield Clock()) >= deadline:
+            anchor = state.anchor
+            logger.warning(
+                "%s: the stored transaction %s is not open at its coordinator (%s), yet its partition %s still "
+                "holds it open after %.1f s: its marker was not written (Kafka skips the marker of a partition "
+                "without a leader when a coordinator loads after an unclean restart). read_committed consumers "
+                "of that partition stop there; its outcome is reported unknown (docs: guarantees, the limits)",
+                transactional_id, state, desc.state if desc is not None else "unknown id",
+                f"{anchor[0].topic}-{anchor[0].partition}" if anchor else "?", lso_wait_s,
+            )
+            break
         # Not the coordinator's open transaction, so it is decided, but its marker has
         # not reached the anchor's partition yet (seen right after a coordinator
         # resumed): that takes milliseconds, so wait for the real outcome.
@@ -420,10 +429,14 @@ def settle_policy(
     *,
     raise_on_heuristic: bool = True,
     indefinite_retries: int = 5,
+    lso_wait_s: float = LSO_WAIT_S,
 ) -> Policy[Settlement]:
-    """Plan, then commit the prepared transaction or abort a stray one; re-plan after an unanswered EndTxn."""
+    """Plan, then commit the prepared transaction or abort a stray one; re-plan after an unanswered EndTxn.
+
+    ``lso_wait_s`` as for :func:`plan_policy`.
+    """
     for attempt in range(indefinite_retries + 1):
-        recovery_plan = yield from plan_policy(transactional_id, state)
+        recovery_plan = yield from plan_policy(transactional_id, state, lso_wait_s=lso_wait_s)
         try:
             return (yield from carry_out(recovery_plan, raise_on_heuristic))
         except IndefiniteOutcomeError as exc:

@@ -213,6 +213,28 @@ def test_decided_transaction_whose_marker_is_pending_is_waited_for() -> None:
     assert plan.stored_outcome is TransactionOutcome.COMMITTED and len(cluster.of(Sleep)) == 2
 
 
+def test_marker_the_broker_never_writes_is_waited_for_lso_wait_s_then_reported_unknown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The coordinator completed the stored transaction; its partition still holds it open (a marker
+    Kafka skipped): the plan waits ``lso_wait_s``, no longer, and decides nothing with the outcome
+    unknown, with one WARNING naming the partition."""
+    state = anchored(TOPIC, 10)
+    cluster = Cluster(
+        describe=[coordinator("CompleteCommit", 42, 0)],
+        producers={TOPIC: [producer(42, 10)]},
+        outcomes={(TOPIC, 10): ["ongoing"]},
+    )
+    with caplog.at_level("WARNING", logger="kafka2pc._recovery"):
+        plan = drive(settle_policy(TID, state, lso_wait_s=0.5), cluster)
+    waited = sum(s.seconds for s in cluster.of(Sleep))
+    assert 0.5 <= waited <= 0.55
+    assert plan.plan.decision is Decision.NOTHING and plan.outcome is TransactionOutcome.UNKNOWN
+    assert cluster.of(EndTxn) == []
+    (warning,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "orders-1" in warning.getMessage() and "CompleteCommit" in warning.getMessage()
+
+
 def test_lso_held_back_by_another_producer_is_unknown_at_once() -> None:
     state = anchored(TOPIC, 10)
     cluster = Cluster(describe=[None], producers={TOPIC: [producer(7, 3)]}, outcomes={(TOPIC, 10): ["ongoing"]})
