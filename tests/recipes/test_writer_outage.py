@@ -162,6 +162,18 @@ def proxied(pg_url: str, proxy: TcpProxy) -> str:
     return sa.make_url(pg_url).set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
 
 
+def settles(kafka: LocalKafka, topic: str, timeout: float) -> bool:
+    """Whether ``topic``'s last stable offsets reach its high watermarks within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while end_offsets(kafka.bootstrap_servers, topic, "read_committed") != end_offsets(
+        kafka.bootstrap_servers, topic, "read_uncommitted"
+    ):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def markers_written(kafka: LocalKafka, topic: str, timeout: float = 30.0) -> None:
     """Wait until no transaction holds ``topic`` back (last stable offset == high watermark).
 
@@ -173,12 +185,7 @@ def markers_written(kafka: LocalKafka, topic: str, timeout: float = 30.0) -> Non
     transaction), which is the broker's doing, not the writers': the outage
     starts once the markers of the last commits are written.
     """
-    deadline = time.monotonic() + timeout
-    while end_offsets(kafka.bootstrap_servers, topic, "read_committed") != (
-        high := end_offsets(kafka.bootstrap_servers, topic, "read_uncommitted")
-    ):
-        assert time.monotonic() < deadline, f"transaction markers not written on {topic} in {timeout} s: {high}"
-        time.sleep(0.05)
+    assert settles(kafka, topic, timeout), f"transaction markers not written on {topic} in {timeout} s"
 
 
 @contextlib.contextmanager
@@ -283,22 +290,9 @@ def test_every_writer_kind_through_long_outages(
     run_campaign(pg_url, outage_kafka, database_proxy, {"stopped": seconds, "killed": seconds, "database": seconds})
 
 
-
 SKIP_TRIES = 6
 """Kill cycles until Kafka skips a marker (it does after most restarts; the coordinator may load late)."""
 MARKER_GRACE_S = 5.0
-
-
-def settles(kafka: LocalKafka, topic: str, timeout: float) -> bool:
-    """Whether ``topic``'s last stable offsets reach its high watermarks within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while end_offsets(kafka.bootstrap_servers, topic, "read_committed") != end_offsets(
-        kafka.bootstrap_servers, topic, "read_uncommitted"
-    ):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def restart_once_the_ports_are_free(kafka: LocalKafka, timeout: float = 60.0) -> None:
