@@ -53,7 +53,9 @@ class Situations:
     harness: Any  # conftest.CliHarness
 
     def cli(self, *args: str, **kwargs: Any) -> Any:
-        return self.harness.run_cli("-b", self.bootstrap, *args, **kwargs)
+        # These tests check what the commands report, not how long they wait: a loaded CI machine once
+        # kept the broker from answering for the default 15 s, so they give it 60 s.
+        return self.harness.run_cli("-b", self.bootstrap, "--timeout", "60", *args, **kwargs)
 
     def assert_shape(self, document: Any, kind: str) -> None:
         self.harness.assert_documented_shape(document, kind)

@@ -10,6 +10,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -76,6 +77,18 @@ def test_prepared_transaction_completes_after_coordinator_is_killed(cluster: Loc
     assert end_offsets(bootstrap, topic, "read_committed") == end_offsets(bootstrap, topic, "read_uncommitted")
 
 
+def _leader_of(admin: Any, topic: str, timeout: float = 30.0) -> int:
+    """The leader of ``topic``'s partition 0, once the broker answering Metadata lists it (a broker can
+    answer for a topic just created before it has that partition)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        partitions = admin.list_topics(topic, timeout=20).topics[topic].partitions
+        if 0 in partitions and partitions[0].leader >= 0:
+            return int(partitions[0].leader)
+        assert time.monotonic() < deadline, f"{topic}-0 has no leader in the metadata after {timeout} s"
+        time.sleep(0.1)
+
+
 def test_a_cached_partition_leader_that_died_is_looked_up_again(cluster: LocalKafka) -> None:
     """The control plane keeps a partition's leader; when that broker dies it asks Metadata again and goes on."""
     from confluent_kafka.admin import AdminClient
@@ -90,8 +103,7 @@ def test_a_cached_partition_leader_that_died_is_looked_up_again(cluster: LocalKa
         assert admin.describe_producers(tp) == []
         assert admin.describe_producers(tp) == []
         metadata = admin.control_plane.requests_sent["Metadata"]
-        leader = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=20).topics[topic] \
-            .partitions[0].leader
+        leader = _leader_of(AdminClient({"bootstrap.servers": bootstrap}), topic)
         cluster.stop_node(leader, kill=True)
         try:
             assert admin.describe_producers(tp, timeout=60) == []  # the new leader answers
