@@ -120,9 +120,19 @@ def _exporter() -> Any:
 
 
 def run_exporter(
-    collect: Callable[[], dict[str, Any]], *, every_s: float, count: int | None = None, exporter: Any = None
+    collect: Callable[[], dict[str, Any]],
+    *,
+    every_s: float,
+    count: int | None = None,
+    exporter: Any = None,
+    timeout_s: float = 15.0,
 ) -> None:
-    """Export the gauges every ``every_s`` seconds, ``count`` times (``None``: until Ctrl-C)."""
+    """Export the gauges every ``every_s`` seconds, ``count`` times (``None``: until Ctrl-C).
+
+    ``timeout_s`` bounds one collection, ``collect()`` and the SDK's work (the
+    caller bounds ``collect()`` itself by less); a collection past it is logged
+    at ERROR and exports no points, and the exporter goes on.
+    """
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
@@ -132,6 +142,15 @@ def run_exporter(
     provider = MeterProvider(metric_readers=[reader])
     ClusterGauges(collect, meter_provider=provider)
     try:
-        repeat(every_s, count, reader.collect)
+        repeat(every_s, count, lambda: _collect_once(reader, timeout_s))
     finally:
         provider.shutdown()
+
+
+def _collect_once(reader: Any, timeout_s: float) -> None:
+    from opentelemetry.sdk.metrics import MetricsTimeoutError
+
+    try:
+        reader.collect(timeout_millis=timeout_s * 1000.0)
+    except MetricsTimeoutError:  # a slow collection exports nothing this time; the exporter goes on
+        log.error("kafka2pc stats --otel: a collection took more than %g s; nothing exported this time", timeout_s)

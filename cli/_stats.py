@@ -231,8 +231,13 @@ def stats_command(watch_s: float | None, count: int | None, otel: bool, output: 
     if otel:
         from ._otel import run_exporter
 
+        timeout_s = current_settings().timeout_s
         with open_admin() as admin:
-            run_exporter(lambda: collect_stats(admin), every_s=watch_s or 60.0, count=count)
+            def bounded_stats() -> dict[str, Any]:
+                with admin.bounded(timeout_s):
+                    return collect_stats(admin)
+
+            run_exporter(bounded_stats, every_s=watch_s or 60.0, count=count, timeout_s=timeout_s + 5.0)
         return
     with open_admin() as admin:
         def show() -> None:

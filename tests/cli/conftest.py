@@ -119,7 +119,9 @@ def kafka_cli(kafka_bootstrap: str) -> Callable[..., Run]:
     """``kafka_cli("list", "--min-open", "0s")``: the CLI connected to the test broker."""
 
     def run(*args: str, **kwargs: Any) -> Run:
-        return run_cli("--bootstrap-server", kafka_bootstrap, *args, **kwargs)
+        # A loaded CI machine has kept the shared broker from answering for more than the default 15 s;
+        # tests that do not test the timeout itself give it 60 s (--timeout given later in args wins).
+        return run_cli("--bootstrap-server", kafka_bootstrap, "--timeout", "60", *args, **kwargs)
 
     return run
 

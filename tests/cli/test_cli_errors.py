@@ -94,11 +94,15 @@ def test_connection_options_before_after_and_from_the_environment(
     kafka_bootstrap: str, run_kafka2pc: Callable[..., Any]
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
-    before = run_kafka2pc("--bootstrap-server", kafka_bootstrap, "--timeout", "10", "list", "--min-open", "1d", env=env)
-    after = run_kafka2pc("list", "--min-open", "1d", "--bootstrap-server", kafka_bootstrap, "--timeout", "10", env=env)
-    from_env = run_kafka2pc("list", "--min-open", "1d", env={**env, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap})
+    # --timeout 60: what is tested is where the options may go; a loaded CI machine has kept the broker
+    # from answering for more than 10 s.
+    before = run_kafka2pc("--bootstrap-server", kafka_bootstrap, "--timeout", "60", "list", "--min-open", "1d", env=env)
+    after = run_kafka2pc("list", "--min-open", "1d", "--bootstrap-server", kafka_bootstrap, "--timeout", "60", env=env)
+    from_env = run_kafka2pc(
+        "list", "--min-open", "1d", "--timeout", "60", env={**env, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap}
+    )
     overridden = run_kafka2pc(  # the value after the command wins over the environment
-        "list", "--bootstrap-server", kafka_bootstrap,
+        "list", "--bootstrap-server", kafka_bootstrap, "--timeout", "60",
         env={**env, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{closed_port()}"},
     )
     for run in (before, after, from_env, overridden):

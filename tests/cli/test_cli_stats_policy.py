@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import time
 from typing import Any
 
 import pytest
-from kafka2pc.cli._otel import PREFIX, ClusterGauges
+from kafka2pc.cli._otel import PREFIX, ClusterGauges, run_exporter
 from kafka2pc.cli._stats import id_prefix
 from kafka2pc.cli._stuck import REFUSED_REASON, decide
 from opentelemetry.sdk.metrics import MeterProvider
@@ -86,6 +89,26 @@ def test_cluster_gauges_export_the_stats_figures() -> None:
     gauges = ClusterGauges(failing, meter_provider=MeterProvider(metric_readers=[reader]))
     assert all(not values for values in _points(reader).values())  # no points, no crash
     assert gauges.failures == 1
+
+
+def test_the_exporter_outlives_a_collection_past_its_bound(caplog: pytest.LogCaptureFixture) -> None:
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+
+    calls: list[float] = []
+
+    def slow() -> dict[str, Any]:  # the first collection overruns the bound, the second does not
+        calls.append(time.monotonic())
+        time.sleep(0.6 if len(calls) == 1 else 0.0)
+        return {"partitions": [], "prefixes": [], "pending_offsets": []}
+
+    exported = io.StringIO()
+    started = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="kafka2pc.cli._otel"):
+        run_exporter(slow, every_s=1.1, count=2, exporter=ConsoleMetricExporter(out=exported), timeout_s=0.2)
+    assert len(calls) == 2 and time.monotonic() - started < 5  # bounded, and the second collection ran
+    assert [r.getMessage() for r in caplog.records] == [
+        "kafka2pc stats --otel: a collection took more than 0.2 s; nothing exported this time"]
+    assert "kafka2pc.cluster.partitions.held_back" in exported.getvalue()
 
 
 def test_admin_entry_points_are_documented() -> None:

@@ -72,7 +72,7 @@ def test_inspect_complete_and_force_terminate_a_killed_prepared_transaction(
     assert not {doomed, kept} & {t["transactional_id"] for t in long_open}
     by_state = kafka_cli("list", "--state", "completecommit", "--state", "Empty", "-o", "json").json()
     assert not {doomed, kept} & {t["transactional_id"] for t in by_state["transactions"]}
-    table = run_kafka2pc("list", "--min-open", "0s", "--bootstrap-server", kafka_bootstrap)  # option after
+    table = run_kafka2pc("list", "--min-open", "0s", "--bootstrap-server", kafka_bootstrap, "--timeout", "60")  # option after
     assert table.returncode == 0, table
     doomed_line = next(line for line in table.stdout.splitlines() if line.startswith(doomed))
     assert "Ongoing" in doomed_line and f"{topic}-0" in doomed_line

@@ -252,7 +252,7 @@ def test_cli_names_the_missing_acl(tls_kafka: LocalKafka, pki: Pki, tmp_path: Pa
     finally:
         registrar.close(5)
     base = [_console_script(), "--bootstrap-server", config["bootstrap.servers"], "--command-config",
-            str(properties), "--timeout", "10"]
+            str(properties), "--timeout", "60"]
     described = subprocess.run([*base, "describe", txid], capture_output=True, text=True, timeout=60)
     assert described.returncode == 0, described  # DESCRIBE is granted: TLS and the principal work
     denied = subprocess.run([*base, "force-terminate", "--yes", txid], capture_output=True, text=True, timeout=60)

@@ -365,7 +365,7 @@ def test_a_takeover_after_the_prepare_is_caught_by_the_guarded_state_update(
                 took_over.append(second.recover().settlement.plan.decision.value)  # type: ignore[union-attr]
             else:
                 proc = subprocess.run(
-                    [str(Path(sys.executable).parent / "kafka2pc"), "--bootstrap-server", env.bootstrap,
+                    [str(Path(sys.executable).parent / "kafka2pc"), "--bootstrap-server", env.bootstrap, "--timeout", "60",
                      "recover", "--db-url", env.engine.url.render_as_string(hide_password=False),
                      "--transactional-id", first.transactional_id, "--output", "json"],
                     capture_output=True, text=True, timeout=120,

@@ -19,7 +19,8 @@ from kafka2pc.testing import create_topic
 
 def _cli(bootstrap: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(Path(sys.executable).parent / "kafka2pc"), "--bootstrap-server", bootstrap, *args, "--output", "json"],
+        [str(Path(sys.executable).parent / "kafka2pc"), "--bootstrap-server", bootstrap, "--timeout", "60", *args,
+         "--output", "json"],
         capture_output=True, text=True, timeout=120,
     )
 
