@@ -16,6 +16,12 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["kafka2pc.testing.pytest_plugin"]
 
+# Every JVM the tests start besides the brokers (Spark's launcher, driver, executors, standalone daemons)
+# stops its JIT at C1 and collects with the serial collector: they run tiny jobs and start often, and
+# measured on a 2-core machine the Spark tests take 25 % less CPU (150 s instead of 199 s for the data
+# source's batch tests). The brokers get the same from kafka2pc.testing._settings.BROKER_JAVA_OPTIONS.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 LEGACY_KAFKA_VERSION = os.environ.get("KAFKA_LEGACY_VERSION", "3.9.2")
 PREVIOUS_KAFKA_VERSION = os.environ.get("KAFKA_PREVIOUS_VERSION", "4.3.1")
 

@@ -42,7 +42,13 @@ from kafka2pc.testing._ports import (
     port_base,
     worker_port_base,
 )
-from kafka2pc.testing._settings import DEFAULT_KAFKA_VERSION, TEST_BROKER_SETTINGS, broker_settings
+from kafka2pc.testing._settings import (
+    BROKER_JAVA_OPTIONS,
+    DEFAULT_KAFKA_VERSION,
+    FORMAT_JAVA_OPTIONS,
+    TEST_BROKER_SETTINGS,
+    broker_settings,
+)
 
 __all__ = [
     "DEFAULT_KAFKA_VERSION",
@@ -236,9 +242,7 @@ class LocalKafka:
         )
         cmd = [
             _java(),
-            "-Xms256m",
-            "-Xmx768m",
-            "-XX:+UseG1GC",
+            *BROKER_JAVA_OPTIONS,
             "-Djava.awt.headless=true",
             log_opt,
             "-cp",
@@ -408,7 +412,7 @@ class LocalKafka:
     def _format(self, libs: Path, node: _Node) -> None:
         ndir = self.home / f"node{node.node_id}"
         proc = subprocess.run(
-            [_java(), "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format",
+            [_java(), *FORMAT_JAVA_OPTIONS, "-cp", f"{libs}/*", "kafka.tools.StorageTool", "format",
              f"--cluster-id={self.cluster_id}", "-c", str(ndir / "server.properties"), "--ignore-formatted"],
             capture_output=True,
             text=True,
