@@ -70,6 +70,15 @@ if [ "$#" = 0 ]; then
   cat "$lines_log"
   rm -f "$lines_log"
   [ "$lines_rc" = 0 ] || [ "$rc" != 0 ] || rc=$lines_rc
+  # Alone means alone: the brokers the other workers and the other broker lines left running stop
+  # (the quiet tests reuse the first worker's).
+  base=${KAFKA2PC_PORT_BASE:-20000}
+  for block in $(( base + 2000 )) $(.venv/bin/python -c "from kafka2pc.testing.broker import worker_port_base as w
+print(*(w($base, n) for n in range(1, ${KAFKA2PC_TEST_WORKERS:-3})))"); do
+    KAFKA2PC_PORT_BASE=$block .venv/bin/python -m kafka2pc.testing.broker down --all >/dev/null 2>&1 || true
+  done
+  echo "test.sh: before the quiet tests, the load average is $(cut -d' ' -f1-3 /proc/loadavg); the busiest processes:"
+  top -b -c -w 160 -n 2 -d 1 -o %CPU | awk '/^top -/{n++} n == 2' | sed -n '7,12p' || true
   .venv/bin/python -m pytest -m "quiet and not campaign" --durations=5
   quiet_rc=$?
   [ "$quiet_rc" != 5 ] || no_tests
