@@ -58,11 +58,26 @@ class Ending(LibrdkafkaCalls):
         with self._bounded(deadline, op):
             config = librdkafka_config(self._config, self._ctrl, self._plain_delivery_callback)
         producer = Producer(config)
-        try:
-            producer.init_transactions(time_left(deadline, op))
-        except KafkaException as exc:
-            _discard(producer)
-            raise translate_confluent_error(exc, op) from exc
+        retried = False
+        while True:
+            try:
+                producer.init_transactions(time_left(deadline, op))
+                break
+            except KafkaException as exc:
+                if _worth_retrying(exc, deadline):
+                    # A coordinator still loading its partition (it has just moved from a dead broker)
+                    # answers COORDINATOR_LOAD_IN_PROGRESS, which librdkafka hands back at once: the
+                    # same producer asks again, within the caller's bound.
+                    if not retried:
+                        logger.info("%s: %s; asking again until the call's deadline", op, exc.args[0])
+                    retried = True
+                    time.sleep(INIT_RETRY_PAUSE_S)
+                    continue
+                _discard(producer)
+                raise translate_confluent_error(exc, op) from exc
+            except BaseException:
+                _discard(producer)
+                raise
         self._producer = producer
         with self._bounded(deadline, op):
             self._refresh_ids()
@@ -133,6 +148,19 @@ class Ending(LibrdkafkaCalls):
         """End what the coordinator still holds open for this producer after its abort (:func:`end_left_open`)."""
         self._abort_doubtful = False
         end_left_open(self._ctrl, self._transactional_id, self._producer_id, self._epoch, deadline)
+
+
+INIT_RETRY_PAUSE_S = 0.25
+"""The pause before ``init_transactions`` asks again after a retriable error (a coordinator loading)."""
+
+
+def _worth_retrying(exc: KafkaException, deadline: float) -> bool:
+    """A retriable, non-fatal error other than a timeout, with time left for another attempt."""
+    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    return (
+        err is not None and err.retriable() and not err.fatal() and err.code() != KafkaError._TIMED_OUT
+        and deadline - time.monotonic() > 2 * INIT_RETRY_PAUSE_S
+    )
 
 
 def _discard(producer: Producer) -> None:

@@ -160,7 +160,8 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
 
         Ends within ``timeout`` (default :data:`DEFAULT_TIMEOUT_S`) plus
         :data:`TIMEOUT_SLACK_S`; an unreachable cluster raises
-        :class:`BrokerUnavailableError`.
+        :class:`BrokerUnavailableError`; a retriable answer (a coordinator
+        still loading) is asked again until then.
         """
         self._machine.check("init_transactions")
         deadline = deadline_after(timeout)

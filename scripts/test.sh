@@ -70,11 +70,11 @@ if [ "$#" = 0 ]; then
   cat "$lines_log"
   rm -f "$lines_log"
   [ "$lines_rc" = 0 ] || [ "$rc" != 0 ] || rc=$lines_rc
-  # Alone means alone: the brokers the other workers and the other broker lines left running stop
-  # (the quiet tests reuse the first worker's).
+  # Alone means alone: every broker the workers and the other broker lines left running stops (the
+  # quiet tests start their own).
   base=${KAFKA2PC_PORT_BASE:-20000}
   for block in $(( base + 2000 )) $(.venv/bin/python -c "from kafka2pc.testing.broker import worker_port_base as w
-print(*(w($base, n) for n in range(1, ${KAFKA2PC_TEST_WORKERS:-3})))"); do
+print(*(w($base, n) for n in range(${KAFKA2PC_TEST_WORKERS:-3})))"); do
     KAFKA2PC_PORT_BASE=$block .venv/bin/python -m kafka2pc.testing.broker down --all >/dev/null 2>&1 || true
   done
   echo "test.sh: before the quiet tests, the load average is $(cut -d' ' -f1-3 /proc/loadavg); the busiest processes:"
