@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from kafka2pc._calls import LibrdkafkaCalls
 from kafka2pc._deadline import time_left
-from kafka2pc._errors import translate_confluent_error
+from kafka2pc._errors import kafka_error_of, translate_confluent_error
 from kafka2pc._exceptions import AbortableError, FatalError, QueueFullError, RetriableError
 from kafka2pc._logging import with_librdkafka_logger
 from kafka2pc._machine import TxnState
@@ -197,7 +197,7 @@ class Anchoring(LibrdkafkaCalls):
         try:
             future.result(timeout=wait)
         except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            err = kafka_error_of(exc)
             if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 cause = translate_confluent_error(exc, "creating the anchor topic")
                 error = AbortableError(

@@ -22,7 +22,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from kafka2pc._abort_race import end_left_open, settle_registrations
 from kafka2pc._calls import LibrdkafkaCalls
 from kafka2pc._deadline import deadline_after, time_left
-from kafka2pc._errors import translate_confluent_error
+from kafka2pc._errors import kafka_error_of, translate_confluent_error
 from kafka2pc._exceptions import FatalError, IndefiniteOutcomeError
 from kafka2pc._machine import TxnState
 from kafka2pc._producer_config import librdkafka_config
@@ -121,7 +121,7 @@ class Ending(LibrdkafkaCalls):
         try:
             producer.commit_transaction(*args) if commit else producer.abort_transaction(*args)
         except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            err = kafka_error_of(exc)
             if not commit and err is not None and err.code() == KafkaError.INVALID_TXN_STATE:
                 # The abort lost librdkafka's race: the producer is unusable, the coordinator may hold
                 # the transaction open.  End it there, then report the producer's fatal error.
@@ -156,7 +156,7 @@ INIT_RETRY_PAUSE_S = 0.25
 
 def _worth_retrying(exc: KafkaException, deadline: float) -> bool:
     """A retriable, non-fatal error other than a timeout, with time left for another attempt."""
-    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+    err = kafka_error_of(exc)
     return (
         err is not None and err.retriable() and not err.fatal() and err.code() != KafkaError._TIMED_OUT
         and deadline - time.monotonic() > 2 * INIT_RETRY_PAUSE_S

@@ -275,3 +275,11 @@ def kafka_exception_in(exc: BaseException) -> ConfluentKafkaException | None:
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None
+
+
+def kafka_error_of(exc: BaseException) -> ConfluentKafkaError | None:
+    """The ``KafkaError`` a confluent-kafka ``KafkaException`` carries (``None`` for anything else)."""
+    from confluent_kafka import KafkaError
+
+    args = getattr(exc, "args", ())
+    return args[0] if args and isinstance(args[0], KafkaError) else None

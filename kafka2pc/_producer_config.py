@@ -16,9 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaException, Producer
 
 from kafka2pc._control import ControlPlane
+from kafka2pc._errors import kafka_error_of
 from kafka2pc._exceptions import UnsupportedBrokerError, UsageError
 from kafka2pc._logging import with_librdkafka_logger
 
@@ -92,7 +93,7 @@ def _check_librdkafka_config(conf: Mapping[str, Any]) -> None:
     try:
         Producer(probe)
     except KafkaException as exc:
-        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        err = kafka_error_of(exc)
         detail = err.str() if err is not None else str(exc)
         raise UsageError(f"invalid producer configuration: {detail}") from exc
     except (TypeError, ValueError) as exc:

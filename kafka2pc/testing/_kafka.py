@@ -11,6 +11,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from kafka2pc._control import ControlPlane
+from kafka2pc._errors import kafka_error_of
 from kafka2pc._logging import with_librdkafka_logger
 from kafka2pc._types import TopicPartition as Partition
 
@@ -77,7 +78,7 @@ def _create(admin: AdminClient, topic: NewTopic, budget_s: float = 60.0) -> None
             future.result(timeout=max(deadline - time.monotonic(), 1.0))
             return
         except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            err = kafka_error_of(exc)
             code = err.code() if err is not None else None
             if code == KafkaError.TOPIC_ALREADY_EXISTS and attempt > 1:
                 return  # an earlier attempt created it, though its answer was lost
