@@ -12,6 +12,9 @@ pass through):
   (the rest of the recipe's tests run on one Python, in the full suite);
 - packaging: sdist -> wheel -> a clean virtualenv on that Python, no extras.
 
+The property-based unit tests run a tenth of their examples here (``$KAFKA2PC_PROPERTY_EXAMPLES_SCALE``):
+what they explore is the parser's logic, which the full suite explores in full.
+
 SQLAlchemy is pinned per Python so that both supported lines are tested on purpose:
 2.0.x on 3.10, 2.1.x on 3.13 (the full suite takes the newest, 2.1.x).
 
@@ -79,7 +82,7 @@ def tests(session: nox.Session) -> None:
                     f"assert v.startswith('{line}.'), v")
     deselect = [arg for test in OTHER_BROKER_LINES for arg in ("--deselect", test)]
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *deselect, "tests/unit", *INTEGRATION_SUBSET,
-                *session.posargs, env={"KAFKA2PC_CRASH_RACE_RUNS": "8"})
+                *session.posargs, env={"KAFKA2PC_CRASH_RACE_RUNS": "8", "KAFKA2PC_PROPERTY_EXAMPLES_SCALE": "0.1"})
 
 
 @nox.session(python="3.11")

@@ -215,16 +215,15 @@ class TransactionAdmin:
         min_open_ms_ = None if min_open_s is None else min_open_s * 1000.0
         with self._ctrl.deadline(timeout):
             listings = self._ctrl.list_transactions(states=states)
-            infos: list[TransactionInfo] = []
-            for listing in listings:
-                desc = self._ctrl.describe_transaction(listing.transactional_id)
-                if desc is None:
-                    continue
-                info = self._info(desc)
-                if min_open_ms_ is not None and (not info.is_open or info.open_for_ms < min_open_ms_):
-                    continue
-                infos.append(info)
-        return sorted(infos, key=lambda i: (-i.open_for_ms, i.transactional_id))
+            descs = [d for d in map(self._ctrl.describe_transaction, (t.transactional_id for t in listings)) if d]
+            # One clock reading for every age, and the order by start time: ages taken as each description
+            # arrived (seconds apart on a loaded cluster) would not order the transactions by age.
+            now_ms = int(time.time() * 1000)
+            infos = [
+                info for info in (self._info(desc, now_ms) for desc in descs)
+                if min_open_ms_ is None or (info.is_open and info.open_for_ms >= min_open_ms_)
+            ]
+        return sorted(infos, key=lambda i: (not i.is_open, i.description.start_time_ms, i.transactional_id))
 
     def force_terminate_transaction(
         self, transactional_id: str, *, only_ongoing: bool = False, timeout: float | None = None
@@ -528,10 +527,10 @@ class TransactionAdmin:
             raise UsageError(f"{CONSUMER_OFFSETS_TOPIC} does not exist yet: no group has committed offsets")
         return TopicAndPartition(CONSUMER_OFFSETS_TOPIC, offsets_partition(group_id, count))
 
-    def _info(self, desc: TransactionDescription) -> TransactionInfo:
-        now_ms = int(time.time() * 1000)
+    def _info(self, desc: TransactionDescription, now_ms: int | None = None) -> TransactionInfo:
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         is_open = desc.state in _OPEN_STATES
-        open_for = now_ms - desc.start_time_ms if is_open and desc.start_time_ms > 0 else -1
+        open_for = max(0, now_ms - desc.start_time_ms) if is_open and desc.start_time_ms > 0 else -1
         lags = []
         if is_open:
             for tp in sorted(desc.partitions):

@@ -28,8 +28,11 @@ extras=${KAFKA2PC_EXTRAS:-}
 stamp=".venv/.kafka2pc-installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${extras//,/_}"
 if [ ! -f "$stamp" ]; then
   echo "setup: pip install -e .${extras:+[$extras]}" >&2
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
+  .venv/bin/python -m pip install -q --upgrade pip uv >/dev/null
+  # uv resolves, downloads and installs in parallel (a fresh machine's install in a fraction of pip's
+  # time), and compiles the byte code as pip does; pip installs the same when uv cannot.
+  .venv/bin/python -m uv pip install -q --python .venv/bin/python --compile-bytecode -e ".${extras:+[$extras]}" \
+    || .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
   touch "$stamp"
 fi
 # Byte-compile the checkout's packages now, as installing a wheel does: an editable install

@@ -42,6 +42,7 @@ from kafka2pc.testing._ports import (
     port_base,
     worker_port_base,
 )
+from kafka2pc.testing._process import _java, _pid_alive, _signal, _wait_dead, log_tail
 from kafka2pc.testing._settings import (
     BROKER_JAVA_OPTIONS,
     DEFAULT_KAFKA_VERSION,
@@ -111,18 +112,8 @@ to answer, and the JVM waits indefinitely, so a short grace replaces the normal 
 """
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child is not alive
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        return state != "Z"
-    except OSError:
-        return True
+class _NotReadyError(BrokerError):
+    """Every node's JVM runs, but the cluster did not serve requests within the start's bound."""
 
 
 @dataclass
@@ -181,14 +172,28 @@ class LocalKafka:
     # -- lifecycle ---------------------------------------------------------
     @classmethod
     def up(cls, **kwargs: object) -> LocalKafka:
-        """Start (or reuse) a cluster and return it once it serves requests."""
+        """Start (or reuse) a cluster and return it once it serves requests.
+
+        A start whose nodes run but do not serve requests within its bound (120 s) is killed and tried once
+        more, from the same storage; :class:`BrokerError` if that fails too.
+        """
         kafka = cls(**kwargs)  # type: ignore[arg-type]
         existing = kafka._load()
         if existing is not None and existing.running():
             existing.wait_ready(timeout=60)
             return existing
         # A stopped cluster keeps its data and cluster id: restart it as it was.
-        return (existing or kafka).start()
+        try:
+            return (existing or kafka).start()
+        except _NotReadyError as exc:  # a start starved of CPU on a loaded machine: its nodes were killed
+            logger.warning("%s: %s; starting it once more", kafka.name, str(exc).splitlines()[0])
+            again = kafka._load() or kafka
+            deadline = time.monotonic() + 30  # the killed JVMs' closing connections can hold their ports a moment
+            while time.monotonic() < deadline and not all(
+                _port_free(p) for n in again.nodes for p in (n.port, n.controller_port)
+            ):
+                time.sleep(0.2)
+            return again.start()
 
     def start(self, *, timeout: float = 120.0) -> LocalKafka:
         """Fetch jars if needed, format storage on first use, start every node, wait until ready.
@@ -335,7 +340,10 @@ class LocalKafka:
                     f"Kafka node(s) {dead} exited during start-up; see {self.log_file(dead[0])} "
                     f"and {self.home / f'node{dead[0]}' / 'stdout.log'}"
                 )
-            if all(_answers_kafka(n.port) for n in self.nodes):
+            silent = [n.port for n in self.nodes if not _answers_kafka(n.port, timeout=2.0)]
+            if silent:
+                last_error = f"port(s) {silent} do not answer an ApiVersions request"
+            else:
                 try:
                     admin = AdminClient(with_librdkafka_logger({"bootstrap.servers": self.bootstrap_servers}))
                     md = admin.list_topics(timeout=5)
@@ -345,9 +353,10 @@ class LocalKafka:
                 except Exception as exc:  # noqa: BLE001 - keep polling until the deadline
                     last_error = exc
             time.sleep(0.3)
-        raise BrokerError(
+        tail = log_tail(self.log_file()).replace("\n", "\n  ")
+        raise _NotReadyError(
             f"Kafka at {self.bootstrap_servers} not ready after {timeout:.0f}s ({last_error}); "
-            f"see {self.log_file()}"
+            f"see {self.log_file()}, which ends:\n  {tail}"
         )
 
     def status(self) -> dict[str, object]:
@@ -454,45 +463,6 @@ def _all_clusters() -> list[LocalKafka]:
         if all(low <= port < low + 2000 for n in cluster.nodes for port in (n.port, n.controller_port)):
             clusters.append(cluster)
     return clusters
-
-
-def _reap(pid: int) -> None:
-    if pid <= 0:
-        return
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def _signal(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_dead(pids: Sequence[int], timeout: float) -> bool:
-    """Wait until every pid has exited (reaping our own children); False after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        for pid in pids:
-            _reap(pid)
-        if not any(_pid_alive(pid) for pid in pids):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-
-
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    if home and Path(home, "bin", "java").exists():
-        return str(Path(home, "bin", "java"))
-    java = shutil.which("java")
-    if java is None:
-        raise BrokerError("Java 17+ is needed to run Kafka: apt-get install openjdk-17-jre-headless")
-    return java
 
 
 def main(argv: Sequence[str] | None = None) -> int:

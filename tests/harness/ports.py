@@ -40,7 +40,7 @@ PRIVATE_BROKERS: dict[str, int] = {
 OTHER_RANGES: dict[str, tuple[int, int]] = {
     "cli/test_cli_sasl (searches)": (592, 992),
     "control/test_tls broker, 4 ports (searches)": (1500, 1600),
-    "testing/test_broker_lifecycle, 3-node clusters and a one-node one": (1200, 1260),
+    "testing/test_broker_lifecycle, 3-node clusters and two one-node ones": (1200, 1260),
     "spark/_standalone (searches)": (1700, 1800),
     "recipes/aio/test_async_dual_write_http servers": (1850, 1852),
     "recipes/test_writer_outage database proxy": (1860, 1861),

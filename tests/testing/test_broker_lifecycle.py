@@ -1,7 +1,7 @@
 """A failed ``up`` leaves no JVM behind, and ``down`` is bounded when the quorum is gone.
 
 Real three-node KRaft clusters in a corner of this checkout's port block
-(``port_base() + 1200`` and ``+ 1220``; a one-node one at ``+ 1240``: see ``harness.ports``), wiped afterwards.
+(``port_base() + 1200`` and ``+ 1220``; one-node ones at ``+ 1240`` and ``+ 1250``: see ``harness.ports``), wiped afterwards.
 """
 
 from __future__ import annotations
@@ -134,3 +134,42 @@ def test_down_all_only_touches_this_port_block(tmp_path: Path, monkeypatch: pyte
     for cluster in (mine, theirs):
         cluster._save()
     assert [c.name for c in broker._all_clusters()] == ["mine"]
+
+
+def test_a_start_that_does_not_serve_in_time_is_killed_and_tried_once_more(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start starved of CPU (here: a bound no JVM can meet) is killed, reported with its log's tail, and retried."""
+    name = f"lifecycle-retry-{port_base()}"
+    wait_ready = LocalKafka.wait_ready
+    failures: list[BrokerError] = []
+    launched: list[int] = []
+    start_node = LocalKafka.start_node
+
+    def recording_start_node(self: LocalKafka, node_id: int, *, wait: bool = True) -> None:
+        start_node(self, node_id, wait=wait)
+        launched.append(self._node(node_id).pid)
+
+    def impatient_once(self: LocalKafka, *, timeout: float = 120.0) -> None:
+        if not failures:
+            try:
+                wait_ready(self, timeout=0.3)  # no JVM serves within 0.3 s of its launch
+            except BrokerError as exc:
+                failures.append(exc)
+                raise
+        wait_ready(self, timeout=timeout)
+
+    monkeypatch.setattr(LocalKafka, "start_node", recording_start_node)
+    monkeypatch.setattr(LocalKafka, "wait_ready", impatient_once)
+    kafka: LocalKafka | None = None
+    try:
+        with caplog.at_level("WARNING", logger="kafka2pc.testing.broker"):
+            kafka = LocalKafka.up(base_port=port_base() + 1250, name=name)
+        assert len(failures) == 1 and "not ready after" in str(failures[0])
+        assert "do not answer an ApiVersions request" in str(failures[0]) and "which ends:" in str(failures[0])
+        assert [r.getMessage() for r in caplog.records if "starting it once more" in r.getMessage()], caplog.text
+        assert len(launched) == 2 and not broker._pid_alive(launched[0])
+        assert kafka.running() and kafka.nodes[0].pid == launched[1]
+    finally:
+        (kafka or LocalKafka(base_port=port_base() + 1250, name=name)).wipe()
+    assert _jvms_of(LocalKafka(base_port=port_base() + 1250, name=name)) == []

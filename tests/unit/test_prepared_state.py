@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 import string
 
@@ -14,6 +15,11 @@ from kafka2pc._state import MAX_STATE_LENGTH, topic_digest, transactional_id_dig
 
 INT64_MAX = 2**63 - 1
 TOPIC_CHARS = string.ascii_letters + string.digits + "._-"
+
+
+def examples(default: int) -> int:
+    """``default`` examples, scaled by ``$KAFKA2PC_PROPERTY_EXAMPLES_SCALE`` (the Python matrix runs a tenth)."""
+    return max(50, int(default * float(os.environ.get("KAFKA2PC_PROPERTY_EXAMPLES_SCALE", "1"))))
 
 
 def build(pid: int, epoch: int, tid: str, topic: str | None = None, partition: int = 0, offset: int = -1) -> PreparedTxnState:
@@ -181,7 +187,7 @@ built_states = st.builds(
 ).filter(lambda s: s is not None)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(built_states)
 def test_every_built_state_round_trips_within_255_chars(state: PreparedTxnState) -> None:
     text = str(state)
@@ -211,7 +217,7 @@ def _near_valid() -> st.SearchStrategy[str]:
     )
 
 
-@settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(10_000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.text(max_size=300), _near_valid(), st.text(":-0123456789k2pc#abcdef", max_size=80)))
 @example("-1:-1")
 @example("0:0")
@@ -280,7 +286,7 @@ def test_malformed_sent_nothing_strings_are_refused(text: str) -> None:
         PreparedTxnState(text)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.integers(0, INT64_MAX), st.integers(0, 32767), st.text(min_size=1, max_size=300))
 def test_every_sent_nothing_state_round_trips(pid: int, epoch: int, tid: str) -> None:
     state = PreparedTxnState._build(pid, epoch, tid, sent_nothing=True)
