@@ -29,10 +29,10 @@ from kafka2pc._exceptions import (
 )
 from kafka2pc._machine import TxnState
 from kafka2pc._state import PreparedTxnState
-from kafka2pc._types import ProducerState, TopicAndPartition, TransactionDescription
+from kafka2pc._types import PartitionLag, ProducerState, TopicAndPartition, TransactionDescription, TransactionInfo
 
 if TYPE_CHECKING:
-    from kafka2pc._admin import PartitionLag, TransactionAdmin, TransactionInfo
+    from kafka2pc._admin import TransactionAdmin
     from kafka2pc._hanging import OpenTransaction
     from kafka2pc._producer import TwoPhaseCommitProducer
     from kafka2pc._recovery import Decision, RecoveryPlan, Settlement, TransactionOutcome
@@ -41,10 +41,8 @@ if TYPE_CHECKING:
 # first access (PEP 562) so that ``import kafka2pc`` -- and the CLI's ``--help`` --
 # stay fast.  ``from kafka2pc import TwoPhaseCommitProducer`` works as before.
 _LAZY = {
-    "PartitionLag": "kafka2pc._admin",
     "TransactionAdmin": "kafka2pc._admin",
     "OpenTransaction": "kafka2pc._hanging",
-    "TransactionInfo": "kafka2pc._admin",
     "TwoPhaseCommitProducer": "kafka2pc._producer",
     "Decision": "kafka2pc._recovery",
     "RecoveryPlan": "kafka2pc._recovery",

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kafka2pc._control import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TIMEOUT_S, ControlPlane
@@ -42,58 +41,18 @@ from kafka2pc._recovery import (
     wait_for_markers,
 )
 from kafka2pc._state import PreparedTxnState
-from kafka2pc._types import ProducerState, TopicAndPartition, TransactionDescription
+from kafka2pc._types import (
+    OPEN_STATES,
+    PartitionLag,
+    ProducerState,
+    TopicAndPartition,
+    TransactionDescription,
+    TransactionInfo,
+)
 
 __all__ = ["PartitionLag", "TransactionAdmin", "TransactionInfo"]
 
 logger = logging.getLogger(__name__)
-
-_OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
-
-
-@dataclass(frozen=True)
-class PartitionLag:
-    """What an open transaction costs ``read_committed`` consumers on one partition.
-
-    ``held_back = high_watermark - last_stable_offset``: records (of any
-    producer) that ``read_committed`` consumers cannot read yet.
-    """
-
-    topic: str
-    partition: int
-    last_stable_offset: int
-    high_watermark: int
-
-    @property
-    def held_back(self) -> int:
-        """Records hidden from ``read_committed`` consumers behind the last stable offset."""
-        return max(0, self.high_watermark - self.last_stable_offset)
-
-
-@dataclass(frozen=True)
-class TransactionInfo:
-    """One transaction as the coordinator sees it, with its age and its cost to consumers."""
-
-    description: TransactionDescription
-    open_for_ms: int
-    """Milliseconds since the transaction started (``-1`` when none is open)."""
-    partitions: tuple[PartitionLag, ...]
-
-    @property
-    def transactional_id(self) -> str:
-        """The transactional id."""
-        return self.description.transactional_id
-
-    @property
-    def state(self) -> str:
-        """The coordinator's state (``Ongoing``, ``CompleteCommit``, ...)."""
-        return self.description.state
-
-    @property
-    def is_open(self) -> bool:
-        """True while the transaction is neither committed nor aborted."""
-        return self.description.state in _OPEN_STATES
-
 
 class TransactionAdmin:
     """Inspect, settle and terminate transactions from any process (no producer needed).
@@ -529,7 +488,7 @@ class TransactionAdmin:
 
     def _info(self, desc: TransactionDescription, now_ms: int | None = None) -> TransactionInfo:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        is_open = desc.state in _OPEN_STATES
+        is_open = desc.state in OPEN_STATES
         open_for = max(0, now_ms - desc.start_time_ms) if is_open and desc.start_time_ms > 0 else -1
         lags = []
         if is_open:

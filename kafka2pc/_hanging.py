@@ -34,14 +34,13 @@ from typing import Any
 from kafka2pc._control import ControlPlane
 from kafka2pc._exceptions import UsageError
 from kafka2pc._logging import with_librdkafka_logger
-from kafka2pc._types import ProducerState, TopicAndPartition, TransactionDescription
+from kafka2pc._types import OPEN_STATES, ProducerState, TopicAndPartition, TransactionDescription
 
 __all__ = ["DEFAULT_MAX_TRANSACTION_TIMEOUT_MS", "OpenTransaction", "find_open_transactions", "judge", "partitions"]
 
 DEFAULT_MAX_TRANSACTION_TIMEOUT_MS = 900_000
 """The broker's default ``transaction.max.timeout.ms`` (15 minutes), as in ``kafka-transactions.sh``."""
 
-_OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,7 @@ def judge(
         desc = descriptions.get(tid)
         if desc is None or desc.producer_id != producer.producer_id:
             continue
-        if desc.state in _OPEN_STATES and tp in desc.partitions:
+        if desc.state in OPEN_STATES and tp in desc.partitions:
             reason = f"open at its coordinator ({desc.state}); it aborts it when its timeout expires"
             return False, reason, tid, desc.state
         return (

@@ -10,10 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "OPEN_STATES",
     "InitProducerIdResult",
+    "PartitionLag",
     "ProducerState",
     "TopicAndPartition",
     "TransactionDescription",
+    "TransactionInfo",
     "TransactionListing",
 ]
 
@@ -97,3 +100,51 @@ class InitProducerIdResult:
     producer_epoch: int
     ongoing_txn_producer_id: int = -1
     ongoing_txn_epoch: int = -1
+
+
+OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
+"""The coordinator states of a transaction that is neither committed nor aborted."""
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    """What an open transaction costs ``read_committed`` consumers on one partition.
+
+    ``held_back = high_watermark - last_stable_offset``: records (of any
+    producer) that ``read_committed`` consumers cannot read yet.
+    """
+
+    topic: str
+    partition: int
+    last_stable_offset: int
+    high_watermark: int
+
+    @property
+    def held_back(self) -> int:
+        """Records hidden from ``read_committed`` consumers behind the last stable offset."""
+        return max(0, self.high_watermark - self.last_stable_offset)
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    """One transaction as the coordinator sees it, with its age and its cost to consumers."""
+
+    description: TransactionDescription
+    open_for_ms: int
+    """Milliseconds since the transaction started (``-1`` when none is open)."""
+    partitions: tuple[PartitionLag, ...]
+
+    @property
+    def transactional_id(self) -> str:
+        """The transactional id."""
+        return self.description.transactional_id
+
+    @property
+    def state(self) -> str:
+        """The coordinator's state (``Ongoing``, ``CompleteCommit``, ...)."""
+        return self.description.state
+
+    @property
+    def is_open(self) -> bool:
+        """True while the transaction is neither committed nor aborted."""
+        return self.description.state in OPEN_STATES
