@@ -1,0 +1,97 @@
+"""What :mod:`kafka2pc.otel` keeps of each instrumented object, and the shapes of the objects it accepts."""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from kafka2pc import TxnState
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+    from pyspark.sql import DataFrame
+
+    from kafka2pc import TwoPhaseCommitProducer
+
+
+class _StepLike(Protocol):
+    @property
+    def value(self) -> str: ...
+
+
+class _DualWriteMetricsLike(Protocol):
+    @property
+    def oldest_open_transaction_age_s(self) -> float | None: ...
+    @property
+    def in_doubt_transactions(self) -> int: ...
+    @property
+    def transactions_rolled_back(self) -> int: ...
+
+
+class _DualWriterLike(Protocol):
+    """What :meth:`Telemetry.instrument_dual_writer` uses of ``kafka2pc.recipes.dual_write.DualWriter``."""
+
+    _on_step: Callable[[Any], None] | None
+
+    @property
+    def transactional_id(self) -> str: ...
+    def metrics(self) -> _DualWriteMetricsLike: ...
+
+
+_W = TypeVar("_W", bound="_DualWriterLike")
+
+
+class _SinkLike(Protocol):
+    """What :meth:`Telemetry.instrument_spark_sink` uses of ``kafka2pc.recipes.spark_sink.KafkaTwoPhaseSink``."""
+
+    @property
+    def sink_id(self) -> str | None: ...
+    @property
+    def last_batch_metrics(self) -> Any: ...
+    def __call__(self, df: DataFrame, batch_id: int) -> None: ...
+
+
+_S = TypeVar("_S", bound="_SinkLike")
+
+COMPONENT = "kafka2pc.component"
+"""The attribute naming what a point or span is about: ``producer``, ``dual_write`` or ``spark_sink``."""
+TRANSACTIONAL_ID = "kafka2pc.transactional_id"
+SINK_ID = "kafka2pc.sink_id"
+
+_OPEN_STATES = frozenset(
+    {TxnState.IN_TRANSACTION, TxnState.PREPARED, TxnState.IN_DOUBT, TxnState.ABORTABLE_ERROR}
+)
+_PREPARED_STATES = frozenset({TxnState.PREPARED, TxnState.IN_DOUBT})
+
+
+@dataclass
+class _ProducerTrack:
+    producer: weakref.ref[TwoPhaseCommitProducer]
+    attributes: dict[str, str]
+    open_since: float | None = None
+    prepared_since: float | None = None
+
+
+@dataclass
+class _WriterTrack:
+    writer: weakref.ref[_DualWriterLike]
+    attributes: dict[str, str]
+    seen: dict[str, int] = field(default_factory=dict)
+    prepared_since: float | None = None
+    spans: dict[str, tuple[Span, float]] = field(default_factory=dict)
+    rolled_back_at_begin: int = 0
+
+
+@dataclass
+class _SinkTrack:
+    sink: _SinkLike
+    open_since: float | None = None
+    counted: deque[int] = field(default_factory=lambda: deque(maxlen=1000))
+    """Batch ids whose commits were counted: a replay in the same process does not count them again."""
+
+    @property
+    def attributes(self) -> dict[str, str]:
+        return {COMPONENT: "spark_sink", SINK_ID: self.sink.sink_id or ""}
