@@ -18,8 +18,7 @@ if [ ! -f "$stamp" ]; then
   extra=()
   [ "$line" = 3.5 ] && extra=("pyarrow>=11,<18" "pandas>=1.5,<2.3")
   # uv installs in parallel (scripts/setup.sh); pip installs the same when uv cannot.
-  "$venv/bin/python" -m uv pip install -q --python "$venv/bin/python" --compile-bytecode \
-      -e ".[test]" "pyspark[sql]==$line.*" "${extra[@]}" \
+  "$venv/bin/python" -m uv pip install -q --python "$venv/bin/python" -e ".[test]" "pyspark[sql]==$line.*" "${extra[@]}" \
     || "$venv/bin/python" -m pip install -q -e ".[test]" "pyspark[sql]==$line.*" "${extra[@]}"
   touch "$stamp"
 fi
