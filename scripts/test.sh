@@ -50,8 +50,18 @@ if [ -n "${KAFKA2PC_FOREACHBATCH_CRASH_ELSEWHERE:-}" ]; then
   # is for; the main run (the newest PySpark) then leaves them out instead of running them twice.
   deselect=(--deselect tests/spark/test_spark_sink_crash.py --deselect tests/spark/test_spark_sink_repair.py)
 fi
+wipe_blocks() {  # every local broker in the port blocks the full suite uses, stopped and its data deleted
+  local base=${KAFKA2PC_PORT_BASE:-20000} block
+  for block in $(( base + 2000 )) $(.venv/bin/python -c "from kafka2pc.testing.broker import worker_port_base as w
+print(*(w($base, n) for n in range(${KAFKA2PC_TEST_WORKERS:-3})))"); do
+    KAFKA2PC_PORT_BASE=$block .venv/bin/python -m kafka2pc.testing.broker wipe --all >/dev/null 2>&1 || true
+  done
+}
 set +e
 if [ "$#" = 0 ]; then
+  # Fresh brokers: a stopped broker keeps its data, and one restarted with the thousands of partitions an
+  # earlier run left behind spends minutes loading them before it serves.
+  wipe_blocks
   # The full suite in three processes (pytest-xdist, whole modules), each with its own brokers in its own
   # port block, and beside them, in a port block of its own ($KAFKA2PC_PORT_BASE + 2000, between the
   # workers' blocks), the dual write's decision points on the other broker lines. Then, alone on the
@@ -70,13 +80,9 @@ if [ "$#" = 0 ]; then
   cat "$lines_log"
   rm -f "$lines_log"
   [ "$lines_rc" = 0 ] || [ "$rc" != 0 ] || rc=$lines_rc
-  # Alone means alone: every broker the workers and the other broker lines left running stops (the
-  # quiet tests start their own).
-  base=${KAFKA2PC_PORT_BASE:-20000}
-  for block in $(( base + 2000 )) $(.venv/bin/python -c "from kafka2pc.testing.broker import worker_port_base as w
-print(*(w($base, n) for n in range(${KAFKA2PC_TEST_WORKERS:-3})))"); do
-    KAFKA2PC_PORT_BASE=$block .venv/bin/python -m kafka2pc.testing.broker down --all >/dev/null 2>&1 || true
-  done
+  # Alone means alone: every broker the workers and the other broker lines left running stops, its data
+  # deleted (the quiet tests start their own, fresh).
+  wipe_blocks
   echo "test.sh: before the quiet tests, the load average is $(cut -d' ' -f1-3 /proc/loadavg); the busiest processes:"
   top -b -c -w 160 -n 2 -d 1 -o %CPU | awk '/^top -/{n++} n == 2' | sed -n '7,12p' || true
   .venv/bin/python -m pytest -m "quiet and not campaign" --durations=5

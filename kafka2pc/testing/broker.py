@@ -5,6 +5,7 @@ Run it from a shell::
     python -m kafka2pc.testing.broker up        # prints the bootstrap servers last
     python -m kafka2pc.testing.broker status
     python -m kafka2pc.testing.broker down
+    python -m kafka2pc.testing.broker wipe --all # every cluster of this port block, stopped, its data deleted
 
 ``up`` fetches ``org.apache.kafka:kafka_2.13:<version>`` and its dependencies
 from Maven Central with Maven into a cache directory (``$KAFKA2PC_CACHE``,
@@ -475,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--all",
         action="store_true",
-        help="with down: stop every local cluster in this port block ($KAFKA2PC_PORT_BASE)",
+        help="with down or wipe: every local cluster in this port block ($KAFKA2PC_PORT_BASE)",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -493,8 +494,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cluster.stop()
                 print(f"stopped {cluster.name}")
         elif args.command == "wipe":
-            loaded.wipe()
-            print(f"wiped {loaded.name}")
+            for cluster in _all_clusters() if args.all else [loaded]:
+                cluster.wipe()
+                print(f"wiped {cluster.name}")
         else:
             print(json.dumps(loaded.status(), indent=2))
             return 0 if loaded.running() else 3

@@ -136,6 +136,23 @@ def test_down_all_only_touches_this_port_block(tmp_path: Path, monkeypatch: pyte
     assert [c.name for c in broker._all_clusters()] == ["mine"]
 
 
+def test_wipe_all_deletes_the_data_of_this_port_block_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``wipe --all`` (scripts/test.sh, before the suite and before its quiet tests): fresh brokers in this block."""
+    monkeypatch.setenv("KAFKA2PC_CACHE", str(tmp_path))
+    mine = LocalKafka(base_port=port_base() + 92, name="mine")
+    theirs = LocalKafka(base_port=port_base() + 2092 if port_base() + 4000 < 32768 else port_base() - 1908, name="theirs")
+    for cluster in (mine, theirs):
+        cluster._save()
+        (cluster.home / "node1" / "data").mkdir(parents=True)
+        (cluster.home / "node1" / "data" / "segment.log").write_bytes(b"x" * 1024)
+    assert broker.main(["wipe", "--all"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["wiped mine"]
+    assert not mine.home.exists() and (theirs.home / "node1" / "data" / "segment.log").exists()
+    assert [c.name for c in broker._all_clusters()] == []
+
+
 def test_a_start_that_does_not_serve_in_time_is_killed_and_tried_once_more(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
