@@ -30,13 +30,13 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kafka2pc.testing._common import BrokerError, cache_dir
 from kafka2pc.testing._fetch import KAFKA_TOOLS_VERSION, _major, _minor, fetch_kafka, fetch_kafka_tools
+from kafka2pc.testing._node import _Node, random_cluster_id, write_node_files
 from kafka2pc.testing._ports import (
     _answers_kafka,
     _port_free,
@@ -66,28 +66,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_LOG4J2 = """Configuration:
-  Appenders:
-    File:
-      name: FILE
-      fileName: "{log}"
-      PatternLayout:
-        pattern: "[%d] %p %m (%c)%n"
-  Loggers:
-    Root:
-      level: INFO
-      AppenderRef:
-        - ref: FILE
-"""
-
-_LOG4J1 = """log4j.rootLogger=INFO, FILE
-log4j.appender.FILE=org.apache.log4j.FileAppender
-log4j.appender.FILE.File={log}
-log4j.appender.FILE.layout=org.apache.log4j.PatternLayout
-log4j.appender.FILE.layout.ConversionPattern=[%d] %p %m (%c)%n
-"""
-
-
 def _default_base_port(version: str, brokers: int) -> int:
     """First listener port of a cluster of ``version``: one fixed slot per line, inside the block.
 
@@ -115,14 +93,6 @@ to answer, and the JVM waits indefinitely, so a short grace replaces the normal 
 
 class _NotReadyError(BrokerError):
     """Every node's JVM runs, but the cluster did not serve requests within the start's bound."""
-
-
-@dataclass
-class _Node:
-    node_id: int
-    port: int
-    controller_port: int
-    pid: int = 0
 
 
 @dataclass
@@ -214,7 +184,7 @@ class LocalKafka:
                 )
         fresh = not self.cluster_id
         if fresh:
-            self.cluster_id = _random_cluster_id()
+            self.cluster_id = random_cluster_id()
             if self.home.exists():
                 shutil.rmtree(self.home)
         try:
@@ -414,10 +384,7 @@ class LocalKafka:
             **TEST_BROKER_SETTINGS,
             **self.extra_settings,
         }
-        (ndir / "server.properties").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-        log = ndir / "server.log"
-        (ndir / "log4j2.yaml").write_text(_LOG4J2.format(log=log))
-        (ndir / "log4j.properties").write_text(_LOG4J1.format(log=log))
+        write_node_files(ndir, props)
 
     def _format(self, libs: Path, node: _Node) -> None:
         ndir = self.home / f"node{node.node_id}"
@@ -430,20 +397,6 @@ class LocalKafka:
         if proc.returncode != 0:
             raise BrokerError(f"formatting KRaft storage failed:\n{proc.stdout}{proc.stderr}")
         self._save()
-
-
-def _random_cluster_id() -> str:
-    """A KRaft cluster id: a base64url-encoded UUID (no JVM needed to make one).
-
-    Like Kafka's ``Uuid.randomUuid()``, never one that starts with ``-``: the
-    storage tool's argument parser would read it as an option (1 in 64 ids).
-    """
-    import base64
-
-    while True:
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        if not cluster_id.startswith("-"):
-            return cluster_id
 
 
 def _all_clusters() -> list[LocalKafka]:
