@@ -290,6 +290,9 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
             with Session(env.engine) as session, first.transaction(session) as tx:
                 env.write(session, tx, "a-2")
                 if paused_at == "body":
+                    # Delivered, the record's partition is registered: the transaction is Ongoing at the
+                    # coordinator, and the second's recovery finds it open (else it may not have begun there).
+                    assert first.producer is not None and first.producer.flush(10) == 0
                     paused.set()
                     release.wait(10)
         except BaseException as exc:  # noqa: BLE001 - checked below
