@@ -16,6 +16,7 @@ their observations (the recovery result) to ``job["results"]``.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import random
@@ -31,6 +32,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from harness.consumers import assign_at_committed
 from harness.procs import child_env
 
 
@@ -265,16 +267,24 @@ def _consume_transform_produce(
         "bootstrap.servers": job["bootstrap"], "group.id": job["group"], "isolation.level": "read_committed",
         "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": False,
     })
-    consumer.assign([TopicPartition(job["input"], 0)])
+    assign_at_committed(consumer, [TopicPartition(job["input"], 0)])
     batch = 0
+    idle_since = time.monotonic()
     try:
         while True:
             position = consumer.position([TopicPartition(job["input"], 0)])[0].offset
             if position >= job["input_count"]:
                 return
-            messages = [m for m in consumer.consume(num_messages=job.get("batch", 5), timeout=1.0) if not m.error()]
+            got = consumer.consume(num_messages=job.get("batch", 5), timeout=1.0)
+            for m in got:
+                if m.error():
+                    sys.stderr.write(f"run {job['run']}: consumer error {m.error()}\n")
+            messages = [m for m in got if not m.error()]
             if not messages:
+                if time.monotonic() - idle_since > 60:
+                    raise TimeoutError(f"run {job['run']}: no input record in 60 s at position {position}")
                 continue
+            idle_since = time.monotonic()
             phase["txn"] = batch
             with engine.connect() as conn, writer.transaction(conn) as tx:
                 for m in messages:
@@ -317,6 +327,8 @@ def serve(run: Callable[[dict[str, Any]], None]) -> None:
         pid = os.fork()
         if pid == 0:
             os.dup2(2, 1)  # keep the protocol channel clean
+            # A child still running when its parent is about to give up prints where it is (into the log).
+            faulthandler.dump_traceback_later(job.get("stacks_after_s", 100), exit=False)
             code = 0
             try:
                 run(job)
@@ -377,7 +389,9 @@ class Zygote:
         reader.join(timeout)
         if not result:
             self._proc.kill()
-            raise TimeoutError(f"zygote gave no answer in {timeout}s")
+            self._log.flush()
+            tail = Path(self._log.name).read_text(errors="replace")[-6000:]
+            raise TimeoutError(f"zygote gave no answer in {timeout}s; the end of its log:\n{tail}")
         return result[0].strip()
 
     def run(self, job: dict[str, Any], timeout: float = 120.0) -> int:
@@ -390,6 +404,7 @@ class Zygote:
         and found the connection closed).
         """
         assert self._proc.stdin is not None
+        job = {"stacks_after_s": max(1.0, timeout - 15), **job}
         self._proc.stdin.write(json.dumps(job) + "\n")
         self._proc.stdin.flush()
         answer = json.loads(self._read(timeout))

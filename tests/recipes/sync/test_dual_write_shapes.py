@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from harness.consumers import assign_at_committed
 from harness.procs import REPO, child_env
 from kafka2pc.recipes.dual_write import DualWriter, Step, define_state_table
 
@@ -75,7 +76,7 @@ def child(bootstrap: str, source: str, sink: str, tid: str, group: str, db_url: 
         "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
     })
-    consumer.assign([TopicPartition(source, 0)])
+    assign_at_committed(consumer, [TopicPartition(source, 0)])
 
     def consume_to(position: int) -> None:
         while consumer.position([TopicPartition(source, 0)])[0].offset < position:
