@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +37,7 @@ from harness.brokers import frozen
 from harness.dw_crash import check_consistency, items_table
 from harness.ports import OTHER_RANGES, closed_port, private_broker
 from harness.tcp_proxy import TcpProxy, tcp_proxy
-from kafka2pc.recipes.dual_write import DualWriter, WriterPool, define_lease_table, define_state_table
+from kafka2pc.recipes.dual_write import DualWriter, Step, WriterPool, define_lease_table, define_state_table
 from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, AsyncWriterPool
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -290,8 +292,10 @@ def test_every_writer_kind_through_long_outages(
     run_campaign(pg_url, outage_kafka, database_proxy, {"stopped": seconds, "killed": seconds, "database": seconds})
 
 
-SKIP_TRIES = 6
-"""Kill cycles until Kafka skips a marker (it does after most restarts; the coordinator may load late)."""
+SKIP_TRIES = 15
+"""Kill cycles until Kafka skips a marker: it does after many restarts, not after every one (on a quiet
+machine the markers may be written before the kill lands, and the coordinator may load late); 6 cycles
+in a row once all had their marker."""
 MARKER_GRACE_S = 5.0
 
 
@@ -325,7 +329,16 @@ def test_a_writer_goes_on_when_the_broker_skipped_its_last_commit_marker(
     metadata.create_all(engine)
     config = {"bootstrap.servers": outage_kafka.bootstrap_servers, "reconnect.backoff.max.ms": 500,
               "transactional.id": f"skipped-{series}"}
-    writer = DualWriter(engine, config, state_table=states, kafka_timeout_s=KAFKA_TIMEOUT_S)
+    armed = {"kill": False}
+
+    def kill_on_commit(step: Step) -> None:
+        # SIGKILL the broker the moment its EndTxn answered: its markers may not be written yet.
+        if armed["kill"] and step is Step.KAFKA_COMMITTED:
+            armed["kill"] = False
+            for node in outage_kafka.nodes:
+                os.kill(node.pid, signal.SIGKILL)
+
+    writer = DualWriter(engine, config, state_table=states, kafka_timeout_s=KAFKA_TIMEOUT_S, on_step=kill_on_commit)
 
     def call(n: int) -> str:
         try:
@@ -353,8 +366,10 @@ def test_a_writer_goes_on_when_the_broker_skipped_its_last_commit_marker(
     try:
         last = -1
         for _ in range(SKIP_TRIES):
+            armed["kill"] = True
             last = commit_again(last + 1)  # the first call also waits out a coordinator still loading
-            outage_kafka.stop(kill=True)  # at once: the commit's markers are not written yet
+            assert not armed["kill"], "the commit's hook did not kill the broker"
+            outage_kafka.stop(kill=True)  # reaped; killed by the hook already
             restart_once_the_ports_are_free(outage_kafka)
             if not settles(outage_kafka, topic, MARKER_GRACE_S):
                 break  # the marker was skipped: the transaction hangs
