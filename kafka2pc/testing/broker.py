@@ -358,12 +358,7 @@ class LocalKafka:
         self._state_file().write_text(json.dumps(asdict(self), indent=2))
 
     def _load(self) -> LocalKafka | None:
-        try:
-            data = json.loads(self._state_file().read_text())
-        except (OSError, ValueError):
-            return None
-        data["nodes"] = [_Node(**n) for n in data["nodes"]]
-        return LocalKafka(**data)
+        return _read_state(self._state_file())
 
     def _write_config(self, node: _Node) -> None:
         ndir = self.home / f"node{node.node_id}"
@@ -399,6 +394,16 @@ class LocalKafka:
         self._save()
 
 
+def _read_state(path: Path) -> LocalKafka | None:
+    """The cluster a ``cluster.json`` describes; ``None`` when it is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    data["nodes"] = [_Node(**n) for n in data["nodes"]]
+    return LocalKafka(**data)
+
+
 def _all_clusters() -> list[LocalKafka]:
     """Every local cluster whose ports lie in this process's block (see :func:`port_base`).
 
@@ -408,13 +413,9 @@ def _all_clusters() -> list[LocalKafka]:
     low = port_base()
     clusters = []
     for state in sorted((cache_dir() / "run").glob("*/cluster.json")):
-        try:
-            data = json.loads(state.read_text())
-        except (OSError, ValueError):
-            continue
-        data["nodes"] = [_Node(**n) for n in data["nodes"]]
-        cluster = LocalKafka(**data)
-        if all(low <= port < low + 2000 for n in cluster.nodes for port in (n.port, n.controller_port)):
+        cluster = _read_state(state)
+        ports = [] if cluster is None else [p for n in cluster.nodes for p in (n.port, n.controller_port)]
+        if cluster is not None and all(low <= port < low + 2000 for port in ports):
             clusters.append(cluster)
     return clusters
 

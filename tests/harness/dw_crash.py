@@ -328,7 +328,8 @@ def serve(run: Callable[[dict[str, Any]], None]) -> None:
         if pid == 0:
             os.dup2(2, 1)  # keep the protocol channel clean
             # A child still running when its parent is about to give up prints where it is (into the log).
-            faulthandler.dump_traceback_later(job.get("stacks_after_s", 100), exit=False)
+            if "stacks_after_s" in job:  # set by Zygote.run
+                faulthandler.dump_traceback_later(job["stacks_after_s"], exit=False)
             code = 0
             try:
                 run(job)
