@@ -80,6 +80,7 @@ from ._handle import DualWriteTransaction
 from ._lease import DEFAULT_LEASE_TABLE, Lease, define_lease_table
 from ._lifecycle import WriterState
 from ._pool import PoolExhaustedError, PoolMetrics, WriterPool
+from ._recovery import recover_all
 from ._schema import (
     DEFAULT_OUTBOX_TABLE,
     DEFAULT_STATE_TABLE,
@@ -99,7 +100,7 @@ from ._values import (
     TopicNotFoundError,
     TransactionMisuseError,
 )
-from ._writer import DualWriter, recover_all
+from ._writer import DualWriter
 
 __all__ = [
     "DEFAULT_LEASE_TABLE",

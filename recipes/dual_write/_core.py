@@ -71,7 +71,7 @@ class WriterCore:
     _last_state: str | None
     """The stored state as this writer (or its recovery) last committed it."""
     _token: str | None
-    """The state row's version as this writer (or its recovery) last committed it (see ``_store.py``)."""
+    """The state row's version as this writer (or its recovery) last committed it (see ``_store``)."""
     _outbox_dirty: bool
     """The outbox may hold rows of this id (deleted by the next transaction)."""
     _open_since: float | None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-from kafka2pc.recipes.dual_write._store import _pg_literal
+from kafka2pc.recipes.dual_write._store._postgres import _pg_literal
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,187 @@
+"""The stores of databases with row locks (and SQLite's one write lock): the writer locks the row at its start."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+import sqlalchemy as sa
+
+from kafka2pc import IllegalStateError
+
+from ._protocol import Claimed, TakenOver, _utcnow
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+_R = TypeVar("_R")
+
+__all__ = ["MySQLStore", "RowLockStore", "SQLiteStore"]
+
+
+class RowLockStore:
+    """Any database with row locks (``SELECT .. FOR UPDATE``): the writer locks the row at its start.
+
+    The version is ``updated_at``, moved strictly forward by every write
+    (``max(now, previous + 1 µs)``, re-read because a column may round it;
+    a rounded-away step moves a whole second instead).
+    """
+
+    optimistic = False
+    combined_commit = False
+    lock_error_codes: ClassVar[frozenset[int]] = frozenset({1205, 3572})  # MySQL/MariaDB: lock wait timeout, NOWAIT
+
+    def __init__(self, table: sa.Table) -> None:
+        self.table = table
+
+    def _where(self, tid: str) -> sa.ColumnElement[bool]:
+        return self.table.c.transactional_id == tid
+
+    def _lock(self, conn: sa.Connection, tid: str, lock_timeout_s: float | None) -> tuple[str | None, Any] | None:
+        """Lock the row; return ``(state, updated_at)``, or ``None`` if there is no row."""
+        t = self.table
+        row = conn.execute(
+            sa.select(t.c.prepared_txn_state, t.c.updated_at).where(self._where(tid)).with_for_update()
+        ).first()
+        return None if row is None else (row[0], row[1])
+
+    def _create(self, conn: sa.Connection, tid: str) -> None:
+        try:
+            with conn.begin_nested():
+                conn.execute(
+                    sa.insert(self.table).values(transactional_id=tid, prepared_txn_state=None, updated_at=None)
+                )
+        except sa.exc.IntegrityError:
+            pass  # created concurrently: the lock below waits for it
+
+    def _bump(self, conn: sa.Connection, tid: str, old: Any, values: dict[str, Any]) -> str:
+        """Write ``values`` and an ``updated_at`` strictly after ``old`` into the locked row; return it as a token."""
+        t = self.table
+        new = _utcnow()
+        if isinstance(old, datetime) and new <= old:
+            new = old + timedelta(microseconds=1)
+        conn.execute(sa.update(t).where(self._where(tid)).values(**values, updated_at=new))
+        stored = conn.execute(sa.select(t.c.updated_at).where(self._where(tid))).scalar_one()
+        if isinstance(old, datetime) and stored is not None and stored <= old:  # the column rounded our step away
+            conn.execute(sa.update(t).where(self._where(tid)).values(updated_at=old + timedelta(seconds=1)))
+            stored = conn.execute(sa.select(t.c.updated_at).where(self._where(tid))).scalar_one()
+        return _token(stored)
+
+    def claim(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float | None) -> Claimed:
+        found = self._lock(conn, tid, lock_timeout_s)
+        if found is None:
+            self._create(conn, tid)
+            found = self._lock(conn, tid, lock_timeout_s)
+            if found is None:
+                raise IllegalStateError(f"{tid!r}: the state row cannot be created in {self.table.name}")
+        state, old = found
+        return Claimed(state, self._bump(conn, tid, old, {}))
+
+    def touch(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
+        found = self._lock(conn, tid, lock_timeout_s)
+        if found is None or _token(found[1]) != token:
+            raise TakenOver(tid)
+        return self._bump(conn, tid, found[1], {})
+
+    def enter(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
+        return self.touch(conn, tid, token, lock_timeout_s=lock_timeout_s)
+
+    def store(self, conn: sa.Connection, tid: str, state: str | None, token: str, last: str | None) -> str:
+        found = self._lock(conn, tid, None)  # held since enter(): returns at once
+        if found is None or _token(found[1]) != token or found[0] != last:
+            raise TakenOver(tid)
+        return self._bump(conn, tid, found[1], {"prepared_txn_state": state})
+
+    def store_and_commit(self, conn: sa.Connection, tid: str, state: str, token: str, last: str | None) -> str:
+        raise IllegalStateError(f"{type(self).__name__} has no combined state update and COMMIT")
+
+    def read_settled(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float) -> str | None:
+        found = self._lock(conn, tid, lock_timeout_s)
+        return None if found is None else found[0]
+
+    def version(self, conn: sa.Connection, tid: str) -> str | None:
+        t = self.table
+        row = conn.execute(sa.select(t.c.updated_at).where(self._where(tid))).first()
+        return None if row is None else _token(row[0])
+
+    def is_lock_error(self, exc: sa.exc.DBAPIError) -> bool:
+        args: tuple[Any, ...] = tuple(getattr(exc.orig, "args", ()))
+        return len(args) > 0 and args[0] in self.lock_error_codes
+
+
+class SQLiteStore(RowLockStore):
+    """SQLite: no row locks, one database write lock, taken by the first write and held until COMMIT."""
+
+    def _lock(self, conn: sa.Connection, tid: str, lock_timeout_s: float | None) -> tuple[str | None, Any] | None:
+        t = self.table
+        # A write (even one that changes nothing) takes the database's write lock; the
+        # driver's busy timeout bounds the wait.
+        conn.execute(sa.update(t).where(self._where(tid)).values(updated_at=t.c.updated_at))
+        row = conn.execute(sa.select(t.c.prepared_txn_state, t.c.updated_at).where(self._where(tid))).first()
+        return None if row is None else (row[0], row[1])
+
+    def _create(self, conn: sa.Connection, tid: str) -> None:
+        from sqlalchemy.dialects import sqlite
+
+        conn.execute(
+            sqlite.insert(self.table)
+            .values(transactional_id=tid, prepared_txn_state=None, updated_at=None)
+            .on_conflict_do_nothing(index_elements=[self.table.c.transactional_id])
+        )
+
+    def read_settled(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float) -> str | None:
+        # A COMMIT in this process either happened or not: nothing to wait for, and no write lock to take.
+        value: str | None = conn.execute(
+            sa.select(self.table.c.prepared_txn_state).where(self._where(tid))
+        ).scalar_one_or_none()
+        return value
+
+    def is_lock_error(self, exc: sa.exc.DBAPIError) -> bool:
+        return "database is locked" in str(exc.orig) or "database table is locked" in str(exc.orig)
+
+
+class MySQLStore(RowLockStore):
+    """MySQL and MariaDB (InnoDB): row locks; the lock timeout is ``innodb_lock_wait_timeout`` (whole
+    seconds), set for the locking statement only.  A missing row is created with ``INSERT .. ON
+    DUPLICATE KEY UPDATE``, which locks it at once (a ``SELECT .. FOR UPDATE`` of a missing row
+    takes a gap lock, and two claimers inserting under gap locks deadlock)."""
+
+    @staticmethod
+    def _bounded(conn: sa.Connection, lock_timeout_s: float | None, call: Callable[[], _R]) -> _R:
+        if lock_timeout_s is None:
+            return call()
+        previous = conn.exec_driver_sql("SELECT @@SESSION.innodb_lock_wait_timeout").scalar_one()
+        conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(lock_timeout_s))}")
+        try:
+            return call()
+        finally:
+            conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {int(previous)}")
+
+    def _lock(self, conn: sa.Connection, tid: str, lock_timeout_s: float | None) -> tuple[str | None, Any] | None:
+        return self._bounded(conn, lock_timeout_s, lambda: super(MySQLStore, self)._lock(conn, tid, None))
+
+    def _create(self, conn: sa.Connection, tid: str) -> None:
+        from sqlalchemy.dialects import mysql
+
+        insert = mysql.insert(self.table).values(transactional_id=tid, prepared_txn_state=None, updated_at=None)
+        conn.execute(insert.on_duplicate_key_update(transactional_id=insert.inserted.transactional_id))
+
+    def claim(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float | None) -> Claimed:
+        def create_and_lock() -> tuple[str | None, Any] | None:
+            self._create(conn, tid)  # locks the row, existing or new
+            return RowLockStore._lock(self, conn, tid, None)
+
+        found = self._bounded(conn, lock_timeout_s, create_and_lock)
+        if found is None:
+            raise IllegalStateError(f"{tid!r}: the state row cannot be created in {self.table.name}")
+        state, old = found
+        return Claimed(state, self._bump(conn, tid, old, {}))
+
+
+def _token(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.isoformat(sep=" ", timespec="microseconds")
+    return str(value)
