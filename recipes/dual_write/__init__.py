@@ -80,7 +80,6 @@ from ._handle import DualWriteTransaction
 from ._lease import DEFAULT_LEASE_TABLE, Lease, define_lease_table
 from ._lifecycle import WriterState
 from ._pool import PoolExhaustedError, PoolMetrics, WriterPool
-from ._recovery import recover_all
 from ._schema import (
     DEFAULT_OUTBOX_TABLE,
     DEFAULT_STATE_TABLE,
@@ -100,7 +99,7 @@ from ._values import (
     TopicNotFoundError,
     TransactionMisuseError,
 )
-from ._writer import DualWriter
+from ._writer import DualWriter, recover_all
 
 __all__ = [
     "DEFAULT_LEASE_TABLE",

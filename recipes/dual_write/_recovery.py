@@ -1,12 +1,10 @@
-"""The writer's recovery: claim the state row (committed), settle Kafka, then finish under the claim;
-and :func:`recover_all`, many writers' at once."""
+"""The writer's recovery: claim the state row (committed), settle Kafka, then finish under the claim."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -24,13 +22,9 @@ from ._store import TakenOver, locked
 from ._values import MissingTableError, RecoveryResult, Step, _decode_headers
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from kafka2pc import Settlement, TwoPhaseCommitProducer
 
-    from ._writer import DualWriter
-
-__all__ = ["Recovering", "recover_all", "seconds_left"]
+__all__ = ["Recovering", "seconds_left"]
 
 logger = logging.getLogger("kafka2pc.recipes.dual_write._writer")
 
@@ -272,26 +266,3 @@ class Recovering(WriterCore):
             f"{' and define_outbox_table(metadata)' if self._retain else ''} on your MetaData, then "
             "metadata.create_all(engine) (or an Alembic migration); writer.create_tables() does it for scripts"
         )
-
-
-def recover_all(writers: Iterable[DualWriter], *, max_workers: int | None = None) -> dict[str, RecoveryResult]:
-    """Recover many writers (one per instance or shard) in parallel; never raises.
-
-    Returns one :class:`RecoveryResult` per transactional id.  A heuristic
-    outcome is reported in the result (``result.heuristic``), any other
-    failure in ``result.error``, so that one stuck shard does not hide the
-    others: check both before starting work.
-    """
-    items = list(writers)
-    if not items:
-        return {}
-
-    def one(writer: DualWriter) -> RecoveryResult:
-        try:
-            return writer.recover(on_heuristic="report")
-        except Exception as exc:  # noqa: BLE001 - reported per id
-            logger.error("recovery of %r failed: %s", writer.transactional_id, exc)
-            return RecoveryResult(writer.transactional_id, PreparedTxnState(), None, error=exc)
-
-    with ThreadPoolExecutor(max_workers=max_workers or min(8, len(items)), thread_name_prefix="k2pc-recover") as pool:
-        return {r.transactional_id: r for r in pool.map(one, items)}

@@ -1,11 +1,12 @@
-"""The writer: :class:`DualWriter`, its normal path and its recovery."""
+"""The writer: :class:`DualWriter` (normal path and recovery) and :func:`recover_all`."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 
     from kafka2pc import TwoPhaseCommitProducer
 
-__all__ = ["DualWriter"]
+__all__ = ["DualWriter", "recover_all"]
 
 logger = logging.getLogger(__name__)
 
@@ -479,3 +480,26 @@ class DualWriter(Settling):
             self._to(WriterState.READY)
         self._committed += 1
         self._step(Step.KAFKA_COMMITTED)
+
+
+def recover_all(writers: Iterable[DualWriter], *, max_workers: int | None = None) -> dict[str, RecoveryResult]:
+    """Recover many writers (one per instance or shard) in parallel; never raises.
+
+    Returns one :class:`RecoveryResult` per transactional id.  A heuristic
+    outcome is reported in the result (``result.heuristic``), any other
+    failure in ``result.error``, so that one stuck shard does not hide the
+    others: check both before starting work.
+    """
+    items = list(writers)
+    if not items:
+        return {}
+
+    def one(writer: DualWriter) -> RecoveryResult:
+        try:
+            return writer.recover(on_heuristic="report")
+        except Exception as exc:  # noqa: BLE001 - reported per id
+            logger.error("recovery of %r failed: %s", writer.transactional_id, exc)
+            return RecoveryResult(writer.transactional_id, PreparedTxnState(), None, error=exc)
+
+    with ThreadPoolExecutor(max_workers=max_workers or min(8, len(items)), thread_name_prefix="k2pc-recover") as pool:
+        return {r.transactional_id: r for r in pool.map(one, items)}
