@@ -42,8 +42,10 @@ def crash_hook():  # type: ignore[no-untyped-def]
         if faults.get("crash_batch") is not None and faults["crash_batch"] != batch_id:
             return
         logging.getLogger(__name__).warning("crash point %s of batch %d", step.value, batch_id)
-        with open(faults["crash_marker"], "w") as marker:
-            marker.write(f"{step.value} {batch_id}\n")
+        marker = faults["crash_marker"]  # written whole, then renamed: the test reads it as soon as it exists
+        with open(marker + ".tmp", "w") as tmp:
+            tmp.write(f"{step.value} {batch_id}\n")
+        os.replace(marker + ".tmp", marker)
         while True:  # the test SIGKILLs the process group (JVM included)
             time.sleep(60)
 
