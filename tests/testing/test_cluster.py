@@ -117,8 +117,13 @@ def test_a_cached_partition_leader_that_died_is_looked_up_again(cluster: LocalKa
 def test_new_producers_start_while_any_one_broker_is_dead(cluster: LocalKafka) -> None:
     """Each broker in turn is killed just before new producers start: each reads the broker's
     ``transaction.max.timeout.ms`` (DescribeConfigs) from a live broker and commits, while the dead one
-    is still in the cluster's metadata."""
-    from kafka2pc import TwoPhaseCommitProducer
+    is still down.
+
+    The first producer may find its coordinator on the dead broker: Kafka moves it once the controller
+    fences the broker (``broker.session.timeout.ms``, 9 s, longer on a loaded machine), and until then
+    ``init_transactions(30)`` ends within its bound with ``RetriableError``, which the caller retries.
+    The second producer starts after the move and must not wait on the dead broker at all."""
+    from kafka2pc import RetriableError, TwoPhaseCommitProducer
 
     bootstrap = cluster.bootstrap_servers
     topic = create_topic(bootstrap, partitions=3, replication_factor=3)
@@ -129,14 +134,27 @@ def test_new_producers_start_while_any_one_broker_is_dead(cluster: LocalKafka) -
             for i in range(2):
                 tid = f"start-{series}-{node}-{i}"
                 started = time.monotonic()
-                with TwoPhaseCommitProducer({"bootstrap.servers": bootstrap, "transactional.id": tid}) as p:
-                    p.init_transactions(30)
+                failover_deadline = started + 120  # the first producer's: Kafka's move of the coordinator
+                while True:
+                    p = TwoPhaseCommitProducer({"bootstrap.servers": bootstrap, "transactional.id": tid})
+                    call_started = time.monotonic()
+                    try:
+                        p.init_transactions(30)
+                        break
+                    except RetriableError as exc:
+                        waited = time.monotonic() - call_started
+                        p.close()
+                        assert waited <= 31, (waited, exc)  # the call ended within its bound
+                        assert i == 0 and time.monotonic() < failover_deadline, (i, exc)
+                        print(f"\nbroker {node} dead: producer {i} retries after {waited:.1f}s: {exc}")
+                with p:
                     p.begin_transaction()
                     p.produce(topic, value=f"{node}-{i}".encode())
                     p.commit_transaction(30)
                 took = time.monotonic() - started
                 print(f"\nbroker {node} dead: producer {i} started and committed in {took:.1f}s")
-                assert took <= 30, took  # no call waited out its bound on the dead broker
+                if i == 1:
+                    assert took <= 30, took  # no call waited out its bound on the dead broker
         finally:
             cluster.start_node(node, wait=False)
             cluster.wait_ready(timeout=300)  # a JVM restarted on a loaded machine
