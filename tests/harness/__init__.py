@@ -10,5 +10,6 @@ children the tests start get it on ``PYTHONPATH`` (:func:`harness.procs.child_en
   the consistency check; ``crash_matrix``: the matrix both writers run;
 * ``env``: a dual-write test's topic, series and tables; ``pool``: the writer pools' engine and id prefixes;
 * ``scenario``: the core and asyncio crash scenarios and their ``scenario_factory`` fixture;
+* ``acks``: the acknowledged-write log a crash child fsyncs and its check against the database and Kafka;
 * ``loop``: event-loop tests (stall bounds, :func:`harness.loop.assert_loop_not_blocked`).
 """
