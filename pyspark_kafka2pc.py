@@ -7,6 +7,6 @@ PySpark registers the ``DefaultSource`` of every installed module named
 documented way, e.g. for a session that looked its data sources up already).
 """
 
-from kafka2pc.recipes.spark.datasource import Kafka2pcDataSource as DefaultSource
+from kafka2pc.recipes.spark._datasource import Kafka2pcDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

@@ -1,14 +1,18 @@
-"""Exactly-once Kafka sink for Spark Structured Streaming (the names of :mod:`kafka2pc.recipes.spark`).
+"""Deprecated: import from :mod:`kafka2pc.recipes.spark` (kafka2pc 1.1 removes this module).
 
-Kept so that ``from kafka2pc.recipes.spark_sink import KafkaTwoPhaseSink`` works;
-the implementation lives in the :mod:`kafka2pc.recipes.spark` package, and this
-module re-exports exactly its public names.
+It re-exports exactly the package's public names.
 """
 
 from __future__ import annotations
 
+import warnings
+
 from . import spark as _spark
 from .spark import *  # noqa: F403 - the package's public names, listed in its __all__
-from .spark._executor import WriterSpec as _WriterSpec  # noqa: F401 - its name before the package
+
+warnings.warn(
+    "kafka2pc.recipes.spark_sink is deprecated: import from kafka2pc.recipes.spark (the same names)",
+    DeprecationWarning, stacklevel=2,
+)
 
 __all__ = list(_spark.__all__)

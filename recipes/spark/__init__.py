@@ -1,22 +1,24 @@
 """Exactly-once Kafka writes from Spark, by two-phase commit: ``format("kafka2pc")`` and a ``foreachBatch`` sink.
 
 On PySpark 4, write with ``format("kafka2pc")`` (batch and streaming, Spark's
-Kafka sink's options and columns): see :mod:`kafka2pc.recipes.spark.datasource`
-and :func:`register_data_source`.  The ``foreachBatch`` sink below works on
-every supported line, PySpark 3.5 included; both drive one protocol
-(``_protocol``).
+Kafka sink's options and columns): see :func:`register_data_source` and
+:func:`recover`.  The ``foreachBatch`` sink below works on every supported
+line, PySpark 3.5 included; both drive one protocol (``_protocol``).  Every
+public name of both paths is importable from this package.
 
 The package is laid out by role: ``_values`` (decisions, results, metrics,
 named steps), ``_store`` (decision stores), ``_executor`` (the tasks that write
 and prepare), ``_protocol`` (the coordinator both paths drive), ``_driver``
-(the ``foreachBatch`` sink), ``datasource`` (``format("kafka2pc")``),
-``_session`` (what the driver asks Spark) and ``_faults`` (a task hook for tests).
+(the ``foreachBatch`` sink), ``_datasource`` (``format("kafka2pc")``),
+``_options`` (its options and :func:`recover`), ``_relay`` (its driver-side
+logs and metrics), ``_session`` (what the driver asks Spark) and ``_faults``
+(a task hook for kafka2pc's own tests).
 
 Spark's built-in Kafka sink is at-least-once: when a micro-batch is replayed
 (driver restart, task retry) its rows are written again.  This sink writes
 every row exactly once.  Use it as a ``foreachBatch`` function::
 
-    from . import KafkaTwoPhaseSink
+    from kafka2pc.recipes.spark import KafkaTwoPhaseSink
 
     sink = KafkaTwoPhaseSink({"bootstrap.servers": "broker:9092"}, topic="out")
     query = (df.selectExpr("CAST(id AS STRING) AS key", "payload AS value")
@@ -64,15 +66,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._driver import DEFAULT_PREFIX, KafkaTwoPhaseSink
-from ._executor import TaskHook, TaskPoint, TaskStep, WriterSpec, write_partition
-from ._faults import FaultInjection
+from ._driver import KafkaTwoPhaseSink
+from ._options import DEFAULT_PREFIX, recover
+from ._relay import DataSourceMonitor
 from ._store import DecisionStore, HadoopDecisionStore, LocalDecisionStore
 from ._values import (
     BatchMetrics,
     PartitionResult,
     SinkCompletionError,
     SinkDecision,
+    SinkRecovery,
     SinkRepairError,
     SinkStep,
     SinkTransaction,
@@ -85,40 +88,44 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def register_data_source(spark: SparkSession) -> None:
-    """Register ``format("kafka2pc")`` with ``spark`` (PySpark 4; see :mod:`kafka2pc.recipes.spark.datasource`).
+def register_data_source(spark: SparkSession) -> DataSourceMonitor:
+    """Register ``format("kafka2pc")`` with ``spark`` for this Python thread (PySpark 4); return the monitor.
+
+    Call it once per session, and in every other Python thread that writes
+    with ``format("kafka2pc")``: PySpark looks Python data sources up through
+    the JVM's active session, which is per thread (a thread that did not call
+    it gets ``DATA_SOURCE_NOT_FOUND``).  The registered source sends its
+    driver-side log records to this process's ``logging`` and each batch's
+    :class:`BatchMetrics` to the returned :class:`DataSourceMonitor`.
 
     Example::
 
         register_data_source(spark)
         df.write.format("kafka2pc").option("kafka.bootstrap.servers", "b:9092").option("topic", "t").save()
     """
-    from .datasource import register_data_source as register
+    from ._datasource import register_data_source as register
 
-    register(spark)
+    return register(spark)
 
 
 __all__ = [
     "DEFAULT_PREFIX",
     "BatchMetrics",
+    "DataSourceMonitor",
     "DecisionStore",
-    "FaultInjection",
     "HadoopDecisionStore",
     "KafkaTwoPhaseSink",
     "LocalDecisionStore",
     "PartitionResult",
     "SinkCompletionError",
     "SinkDecision",
+    "SinkRecovery",
     "SinkRepairError",
     "SinkStep",
     "SinkTransaction",
     "SinkWriteError",
     "StepHook",
-    "TaskHook",
-    "TaskPoint",
-    "TaskStep",
     "UnknownTopicError",
-    "WriterSpec",
+    "recover",
     "register_data_source",
-    "write_partition",
 ]

@@ -22,6 +22,7 @@ from ._values import (
     PartitionResult,
     SinkCompletionError,
     SinkDecision,
+    SinkRecovery,
     SinkTransaction,
     SinkWriteError,
     UnknownTopicError,
@@ -105,12 +106,21 @@ def settle_open(
     (InitProducerId), which also bumps the epoch and so fences a zombie
     producer still running.  Returns how many transactions were aborted.
     """
+    return settle_open_recovery(admin, transactional_id_base, named, keep=keep).aborted
+
+
+def settle_open_recovery(
+    admin: TransactionAdmin, transactional_id_base: str, named: Mapping[str, SinkTransaction],
+    *, keep: frozenset[str] = frozenset(),
+) -> SinkRecovery:
+    """:func:`settle_open`, counting the commits as well as the aborts."""
     pattern = re.compile(re.escape(transactional_id_base) + r"-\d+(?:\.\d+\.\d+)?")
     decisions = admin.settle_open(
         lambda tid: pattern.fullmatch(tid) is not None and tid not in keep,
         {tid: t.prepared_state for tid, t in named.items()},
     )
-    return sum(decision is Decision.ABORT for decision in decisions.values())
+    return SinkRecovery(sum(d is Decision.COMMIT for d in decisions.values()),
+                        sum(d is Decision.ABORT for d in decisions.values()))
 
 
 def repair_mismatch(

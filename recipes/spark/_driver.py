@@ -11,7 +11,6 @@ import logging
 import re
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from kafka2pc import TransactionAdmin, UsageError
 from ._completion import job_error
 from ._config import batch_columns, default_transaction_timeout_ms, executor_config
 from ._executor import ArrowWriter, TaskHook, WriterSpec
+from ._options import DEFAULT_PREFIX, check_reachable
 from ._protocol import Rewrite, SinkCoordinator
 from ._session import local_path, qualify, running_query_checkpoint, running_query_id
 from ._store import DecisionStore, HadoopDecisionStore, LocalDecisionStore
@@ -32,6 +32,7 @@ from ._values import (
     PartitionResult,
     SinkCompletionError,
     SinkDecision,
+    SinkRecovery,
     SinkTransaction,
     StepHook,
     UnknownTopicError,
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("kafka2pc.recipes.spark_sink")
 
-DEFAULT_PREFIX: Final = "kafka2pc-spark-"
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,120}")
 
 
@@ -92,8 +92,11 @@ class KafkaTwoPhaseSink:
     calling it gets a :class:`~kafka2pc.UsageError`.
 
     ``on_step`` (a :data:`StepHook`) is a testing and tracing aid called on
-    the driver at each :class:`SinkStep`.  ``faults`` is deprecated: task
-    hooks are a testing aid, given through a private seam of the tests.
+    the driver at each :class:`SinkStep`.
+
+    The first batch (or :meth:`recover`) checks that a bootstrap address
+    accepts connections: a refused or unresolvable bootstrap fails at once
+    with :class:`~kafka2pc.BrokerUnavailableError` naming each address.
 
     ``sink.metrics`` holds the last ``metrics_history`` :class:`BatchMetrics`;
     ``sink.last_batch_metrics`` the newest.  Call :meth:`recover` to settle
@@ -118,7 +121,6 @@ class KafkaTwoPhaseSink:
         decisions_to_retain: int = 100,
         max_repairs: int = 3,
         metrics_history: int = 100,
-        faults: TaskHook | None = None,
         on_step: StepHook | None = None,
     ) -> None:
         config = dict(producer_config)
@@ -141,14 +143,7 @@ class KafkaTwoPhaseSink:
         self._store = decision_store
         self._retain = max(2, decisions_to_retain)
         self._max_repairs = max_repairs
-        self._task_hook: TaskHook | None = None
-        if faults is not None:
-            warnings.warn(
-                "KafkaTwoPhaseSink(faults=...) is deprecated and will be removed in the next minor release: "
-                "task hooks are a testing aid (kafka2pc.recipes.spark._faults.inject_task_hook)",
-                DeprecationWarning, stacklevel=2,
-            )
-            self._task_hook = faults
+        self._task_hook: TaskHook | None = None  # kafka2pc's tests set it (_faults.inject_task_hook)
         self._on_step = on_step
         self._metrics: deque[BatchMetrics] = deque(maxlen=max(1, metrics_history))
         self._admin: TransactionAdmin | None = None
@@ -195,8 +190,8 @@ class KafkaTwoPhaseSink:
             self._current = binding
             self._run_batch(binding, df, int(batch_id))
 
-    def recover(self, spark: SparkSession | None = None, *, checkpoint_location: str | None = None) -> int:
-        """Settle every open transaction of this sink with the last durable decision; return how many aborted.
+    def recover(self, spark: SparkSession | None = None, *, checkpoint_location: str | None = None) -> SinkRecovery:
+        """Settle every open transaction of this sink with the last durable decision; say what it did.
 
         Runs automatically before the first batch of every query in every
         driver process; call it after a query failed or was stopped to end
@@ -204,7 +199,9 @@ class KafkaTwoPhaseSink:
         inside its ``foreachBatch``), else the query whose checkpoint is
         ``checkpoint_location`` (default: the sink's own), else the one query
         this sink served.  Without ``spark``, every query this sink served.
-        From a new driver process::
+        The :class:`SinkRecovery` counts the transactions committed (the last
+        decision names them) and aborted, as the data source's
+        :func:`~kafka2pc.recipes.spark.recover` does.  From a new driver process::
 
             KafkaTwoPhaseSink(config, topic="out").recover(spark, checkpoint_location="/chk/q1")
         """
@@ -217,7 +214,7 @@ class KafkaTwoPhaseSink:
                 bindings = list(self._bindings.values())
             if not bindings:
                 raise UsageError("recover() needs the SparkSession before the first batch")
-        settled = 0
+        settled = SinkRecovery()
         for binding in bindings:
             with binding.lock:
                 settled += binding.coordinator.settle_leftovers()
@@ -245,13 +242,13 @@ class KafkaTwoPhaseSink:
             self._record(BatchMetrics(
                 batch_id, True, sum(t.records for t in done.decision.transactions), len(done.decision.transactions),
                 0, done.completion.committed, done.completion.strays_aborted, 0, tuple(done.repaired), {}, 0.0, 0.0,
-                0.0, 0.0, 0.0, 0.0, now - t0, now - started, now - t0,
+                0.0, 0.0, 0.0, 0.0, now - t0, now - started, now - t0, sink_id=b.sink_id,
             ))
             return
         t0 = time.monotonic()
         leftovers = 0
         if not b.recovered:
-            leftovers = c.settle_leftovers()
+            leftovers = c.settle_leftovers().aborted
             b.recovered = True
         self._check_topic_option()
         settle_s = time.monotonic() - t0
@@ -272,7 +269,7 @@ class KafkaTwoPhaseSink:
             tuple(done.repaired), {r.partition: r.attempt for r in results}, settle_s, write_s,
             max((r.open_s for r in results), default=0.0), max((r.write_s for r in results), default=0.0),
             max((r.prepare_s for r in results), default=0.0), decision_s, now - t3,
-            visible - started, visible - t2,
+            visible - started, visible - t2, sink_id=b.sink_id,
         ))
 
     def _rewriter(self, b: _Binding, df: DataFrame) -> Rewrite:
@@ -325,10 +322,6 @@ class KafkaTwoPhaseSink:
         if len(seen) != len(set(seen)):  # Spark returns one result per partition; never trust blindly
             raise SinkCompletionError(f"batch {batch_id}: more than one result for a partition: {seen}")
         return results
-
-    def _settle_leftovers(self, b: _Binding) -> int:
-        """Before writing anything: commit what the last decision names, abort every other open transaction."""
-        return b.coordinator.settle_leftovers()
 
     def _check_topic_option(self) -> None:
         """Fail fast, naming it, if the ``topic`` option names a topic the cluster does not have."""
@@ -432,6 +425,7 @@ class KafkaTwoPhaseSink:
     def _transaction_admin(self) -> TransactionAdmin:
         with self._lock:
             if self._admin is None:
+                check_reachable(self._config)  # a refused bootstrap fails now, naming it, not after 30 s
                 self._admin = TransactionAdmin(self._config)
             return self._admin
 

@@ -19,12 +19,13 @@ from typing import Final
 
 from kafka2pc import TransactionAdmin
 
-from ._completion import Completion, complete, repair_mismatch, repair_refusal, settle_open
+from ._completion import Completion, complete, repair_mismatch, repair_refusal, settle_open, settle_open_recovery
 from ._store import DecisionStore
 from ._values import (
     PartitionResult,
     SinkCompletionError,
     SinkDecision,
+    SinkRecovery,
     SinkRepairError,
     SinkStep,
     SinkTransaction,
@@ -83,11 +84,11 @@ class SinkCoordinator:
         if self._on_step is not None:
             self._on_step(step, batch_id)
 
-    def settle_leftovers(self) -> int:
+    def settle_leftovers(self) -> SinkRecovery:
         """Before writing anything: commit what the last decision names, abort every other open transaction."""
         latest = self.store.latest()
-        return settle_open(self._admin(), self.transactional_id_base,
-                           latest.by_transactional_id() if latest is not None else {})
+        return settle_open_recovery(self._admin(), self.transactional_id_base,
+                                    latest.by_transactional_id() if latest is not None else {})
 
     def decide(self, batch_id: int, results: Sequence[PartitionResult], *, fingerprints: bool = True) -> SinkDecision:
         """Record the decision naming ``results`` durably (the commit point); the hooks run around it."""
@@ -96,7 +97,7 @@ class SinkCoordinator:
             self.sink_id, batch_id, 0,
             tuple(SinkTransaction(r.partition, r.transactional_id, r.state, r.records,
                                   r.fingerprint if fingerprints else None) for r in results),
-            int(time.time() * 1000),
+            time.time(),
         )
         self.store.put(decision)
         self.step(SinkStep.AFTER_DECISION, batch_id)
@@ -175,7 +176,7 @@ class SinkCoordinator:
                 for t in decision.transactions
             )
         repaired = SinkDecision(decision.sink_id, decision.batch_id, decision.revision + 1, transactions,
-                                int(time.time() * 1000))
+                                time.time())
         self.store.put(repaired)
         return repaired
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -41,13 +42,21 @@ class SinkDecision:
 
     ``revision`` grows when a repair replaces the state of a partition whose
     transaction Kafka aborted; the highest revision of a batch is the decision.
+    ``created_s`` is when it was written (seconds since the epoch, ``0.0`` if unknown).
     """
 
     sink_id: str
     batch_id: int
     revision: int
     transactions: tuple[SinkTransaction, ...]
-    created_ms: int = 0
+    created_s: float = 0.0
+
+    @property
+    def created_ms(self) -> int:
+        """Deprecated: ``created_s`` in milliseconds (kafka2pc 1.1 removes it)."""
+        warnings.warn("SinkDecision.created_ms is deprecated: use created_s (seconds)", DeprecationWarning,
+                      stacklevel=2)
+        return int(self.created_s * 1000)
 
     def to_json(self) -> bytes:
         """Serialize (UTF-8 JSON, one object)."""
@@ -57,7 +66,7 @@ class SinkDecision:
                 "sink_id": self.sink_id,
                 "batch_id": self.batch_id,
                 "revision": self.revision,
-                "created_ms": self.created_ms,
+                "created_ms": int(self.created_s * 1000),  # the file format keeps its field
                 "transactions": [dataclasses.asdict(t) for t in self.transactions],
             },
             sort_keys=True,
@@ -78,7 +87,7 @@ class SinkDecision:
             for txn in txns:
                 PreparedTxnState(txn.state)  # validate
             return cls(str(obj["sink_id"]), int(obj["batch_id"]), int(obj["revision"]), txns,
-                       int(obj.get("created_ms", 0)))
+                       int(obj.get("created_ms", 0)) / 1000)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UsageError(f"corrupt sink decision: {exc}") from exc
 
@@ -172,11 +181,30 @@ class BatchMetrics:
     completion_s: float
     time_to_visibility_s: float
     commit_latency_s: float
+    sink_id: str = ""
+    """The sink id whose transactions the batch wrote (``q``/``r`` + 16 hex digits when derived)."""
 
     @property
     def rows_per_second(self) -> float:
         """Records divided by time to visibility."""
         return self.records / self.time_to_visibility_s if self.time_to_visibility_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class SinkRecovery:
+    """What a recovery of a Spark write did: the ``foreachBatch`` sink's ``recover`` and the data source's.
+
+    ``committed`` counts the open transactions the last durable decision
+    names, committed now; ``aborted`` every other open transaction of the
+    write's ids (a crashed run's, a zombie attempt's).  Both ``0``: nothing
+    was left open.
+    """
+
+    committed: int = 0
+    aborted: int = 0
+
+    def __add__(self, other: SinkRecovery) -> SinkRecovery:
+        return SinkRecovery(self.committed + other.committed, self.aborted + other.aborted)
 
 
 class SinkStep(str, enum.Enum):
