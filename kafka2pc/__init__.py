@@ -50,7 +50,7 @@ _LAZY = {
     "TransactionOutcome": "kafka2pc._recovery",
 }
 
-__version__ = "1.0.0rc1"
+__version__ = "1.0.0"
 
 __all__ = [
     "AbortableError",

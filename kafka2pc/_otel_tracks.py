@@ -6,7 +6,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from kafka2pc import TxnState
 
@@ -44,6 +44,7 @@ class _DualWriterLike(Protocol):
 _W = TypeVar("_W", bound="_DualWriterLike")
 
 
+@runtime_checkable
 class _SinkLike(Protocol):
     """What :meth:`Telemetry.instrument_spark_sink` uses of ``kafka2pc.recipes.spark_sink.KafkaTwoPhaseSink``."""
 
@@ -54,7 +55,15 @@ class _SinkLike(Protocol):
     def __call__(self, df: DataFrame, batch_id: int) -> None: ...
 
 
-_S = TypeVar("_S", bound="_SinkLike")
+class _BatchSourceLike(Protocol):
+    """What :meth:`Telemetry.instrument_spark_sink` uses of ``kafka2pc.recipes.spark.DataSourceMonitor``."""
+
+    @property
+    def sink_id(self) -> str | None: ...
+    def add_batch_listener(self, callback: Callable[[Any], None]) -> None: ...
+
+
+_S = TypeVar("_S", bound="_SinkLike | _BatchSourceLike")
 
 COMPONENT = "kafka2pc.component"
 """The attribute naming what a point or span is about: ``producer``, ``dual_write`` or ``spark_sink``."""
@@ -87,7 +96,7 @@ class _WriterTrack:
 
 @dataclass
 class _SinkTrack:
-    sink: _SinkLike
+    sink: _SinkLike | _BatchSourceLike
     open_since: float | None = None
     counted: deque[int] = field(default_factory=lambda: deque(maxlen=1000))
     """Batch ids whose commits were counted: a replay in the same process does not count them again."""

@@ -45,7 +45,9 @@ How each part is observed, without changing it:
   collection, so nothing drifts: a rollback that passes no step is counted
   too).  A phase span an exception interrupted ends, with status ERROR, when
   the writer starts its next transaction or recovery;
-* the Spark sink: the function passed to ``foreachBatch`` wraps the sink and
+* the Spark sink (``foreachBatch``, or ``format("kafka2pc")`` through the
+  monitor ``register_data_source`` returns, whose batches are reported when
+  they end): the function passed to ``foreachBatch`` wraps the sink and
   turns each batch's :class:`~kafka2pc.recipes.spark_sink.BatchMetrics` into
   points and spans (timed backwards from the batch's end; they describe the
   driver's phases: the tasks' writes and prepares, the decision file, the
@@ -85,6 +87,7 @@ from kafka2pc._otel_tracks import (
     TRANSACTIONAL_ID,
     _DualWriterLike,
     _ProducerTrack,
+    _SinkLike,
     _SinkTrack,
     _StepLike,
     _WriterTrack,
@@ -326,13 +329,19 @@ class Telemetry:
         As :meth:`instrument_producer` and :meth:`instrument_dual_writer`,
         the object is instrumented in place: pass it to ``foreachBatch`` as
         before (``query.foreachBatch(telemetry.instrument_spark_sink(sink))``).
+        For ``format("kafka2pc")``, pass what ``register_data_source(spark)``
+        returned: every batch of the data source in this driver process is
+        recorded under the same names.
         """
         track = _SinkTrack(sink)
         with self._lock:
             self._sinks.append(track)
+        if not isinstance(sink, _SinkLike):  # format("kafka2pc")'s DataSourceMonitor: batches end in the JVM
+            sink.add_batch_listener(lambda batch: self._record_relayed_batch(track, batch))
+            return sink
         write_batch = type(sink).__call__
 
-        def instrumented_call(this: _S, df: DataFrame, batch_id: int) -> None:
+        def instrumented_call(this: _SinkLike, df: DataFrame, batch_id: int) -> None:
             with self._tracer.start_as_current_span("kafka2pc.spark.batch") as batch_span:
                 batch_span.set_attribute("kafka2pc.batch_id", int(batch_id))
                 track.open_since = time.monotonic()
@@ -351,6 +360,17 @@ class Telemetry:
             "__qualname__": type(sink).__qualname__,
         })
         return sink
+
+    def _record_relayed_batch(self, track: _SinkTrack, batch: Any) -> None:
+        """A batch of ``format("kafka2pc")``, reported when it ended: its span is timed backwards."""
+        end_ns = time.time_ns()
+        batch_span = self._tracer.start_span(
+            "kafka2pc.spark.batch", start_time=end_ns - int(batch.time_to_visibility_s * 1e9)
+        )
+        batch_span.set_attribute("kafka2pc.batch_id", int(batch.batch_id))
+        with trace.use_span(batch_span, end_on_exit=False):
+            self._record_batch(track, batch)
+        batch_span.end(end_time=end_ns)
 
     def _record_batch(self, track: _SinkTrack, batch: Any) -> None:
         attrs = track.attributes

@@ -31,7 +31,7 @@ MODULES = [
     ("kafka2pc.testing", "testing.md"),
     ("kafka2pc.recipes.dual_write", "dual-write.md"),
     ("kafka2pc.recipes.dual_write.aio", "dual-write-aio.md"),
-    ("kafka2pc.recipes.spark_sink", "spark-sink.md"),
+    ("kafka2pc.recipes.spark", "spark-sink.md"),
 ]
 
 HEADER = """# Every public name
@@ -101,7 +101,7 @@ def render() -> str:
         lines += [describe(module_name, name, getattr(module, name)) for name in module.__all__
                   if name != "__version__"]
         if module_name == "kafka2pc":
-            lines.append('- `__version__`: the installed release, e.g. `"1.0.0rc1"`')
+            lines.append('- `__version__`: the installed release, e.g. `"1.0.0"`')
         sections.append("\n".join(lines) + "\n")
     return "\n".join(sections)
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Install everything kafka2pc needs on a fresh Debian machine, idempotently:
 # Java 17 and Maven (to fetch and run Apache Kafka), then a virtualenv in .venv
-# with kafka2pc installed editable plus the extras named in $KAFKA2PC_EXTRAS
-# (comma-separated, e.g. "test,spark"; see pyproject.toml; empty: the core only).
+# with kafka2pc installed editable plus what $KAFKA2PC_EXTRAS names (comma-separated,
+# e.g. "test,spark"; empty: the core only): extras of the package (sql, postgres, mysql,
+# cli, spark, aio, otel) and pyproject.toml's dependency groups, which are not published
+# (test, docs, dev), each with the extras it needs (GROUP_EXTRAS below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -24,15 +26,36 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
   fi
 fi
-extras=${KAFKA2PC_EXTRAS:-}
-stamp=".venv/.kafka2pc-installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${extras//,/_}"
+# The extras each dependency group's tests or tools import.
+declare -A GROUP_EXTRAS=(
+  [test]="sql,postgres,mysql,cli,otel,aio"
+  [docs]="cli"
+  [dev]="sql,postgres,mysql,cli,otel,aio,spark"
+)
+wanted=${KAFKA2PC_EXTRAS:-}
+extras=()
+groups=()
+IFS=, read -r -a names <<<"$wanted"
+for name in "${names[@]}"; do
+  [ -n "$name" ] || continue
+  if [ -n "${GROUP_EXTRAS[$name]+set}" ]; then
+    groups+=(--group "$name")
+    IFS=, read -r -a needed <<<"${GROUP_EXTRAS[$name]}"
+    extras+=("${needed[@]}")
+  else
+    extras+=("$name")
+  fi
+done
+extras_list=$(printf '%s\n' "${extras[@]}" | sed '/^$/d' | sort -u | paste -sd, -)
+stamp=".venv/.kafka2pc-installed-$(cat pyproject.toml "$0" | sha1sum | cut -c1-12)-${wanted//,/_}"
 if [ ! -f "$stamp" ]; then
-  echo "setup: pip install -e .${extras:+[$extras]}" >&2
+  echo "setup: pip install -e .${extras_list:+[$extras_list]} ${groups[*]}" >&2
   .venv/bin/python -m pip install -q --upgrade pip uv >/dev/null
   # uv resolves, downloads and installs in parallel (a fresh machine's install in a fraction of pip's
-  # time), and compiles the byte code as pip does; pip installs the same when uv cannot.
-  .venv/bin/python -m uv pip install -q --python .venv/bin/python --compile-bytecode -e ".${extras:+[$extras]}" \
-    || .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"
+  # time), and compiles the byte code as pip does; pip (>= 25.1: --group) installs the same when uv cannot.
+  .venv/bin/python -m uv pip install -q --python .venv/bin/python --compile-bytecode \
+      -e ".${extras_list:+[$extras_list]}" "${groups[@]}" \
+    || .venv/bin/python -m pip install -q -e ".${extras_list:+[$extras_list]}" "${groups[@]}"
   touch "$stamp"
 fi
 # Byte-compile the checkout's packages now, as installing a wheel does: an editable install

@@ -14,7 +14,7 @@
 # pool crash tests and the SQLite and MariaDB variants ran on the default line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KAFKA2PC_EXTRAS=test,spark bash scripts/setup.sh  # test = sql,postgres,mysql,cli,otel + pytest
+KAFKA2PC_EXTRAS=test,spark bash scripts/setup.sh  # the test group (pytest, ...) with sql,postgres,mysql,cli,otel,aio
 if [ -z "${KAFKA2PC_PG_ADMIN_URL:-}" ]; then
   KAFKA2PC_PG_ADMIN_URL=$(bash scripts/start-postgres.sh | tail -n1)
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "test.sh: PostgreSQL did not start" >&2; exit 1; }

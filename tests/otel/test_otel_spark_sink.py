@@ -1,4 +1,4 @@
-"""OpenTelemetry for the Spark sink, against the real broker and a local SparkSession."""
+"""OpenTelemetry for both Spark paths (foreachBatch and format("kafka2pc")), against the real broker and a local SparkSession."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pytest
 from _otelkit import Collected
-from kafka2pc.recipes.spark_sink import KafkaTwoPhaseSink, _WriterSpec, write_partition
+from kafka2pc.recipes.spark import KafkaTwoPhaseSink, register_data_source
+from kafka2pc.recipes.spark._executor import WriterSpec, write_partition
 
 from kafka2pc.testing import create_topic, drain
 
@@ -22,7 +24,7 @@ def test_spark_batches_become_counters_histograms_and_spans(
     out = create_topic(kafka_bootstrap, partitions=2)
     sink_id = f"otel-{uuid.uuid4().hex[:8]}"
     # A leftover prepared transaction of a "crashed run" under the sink's ids: aborted before the first write.
-    spec = _WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"kafka2pc-spark-{sink_id}", out, ("value",), 0)
+    spec = WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"kafka2pc-spark-{sink_id}", out, ("value",), 0)
     write_partition(spec, [pa.RecordBatch.from_pydict({"value": [b"stale"] * 5})], 4, 0)
 
     sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out, sink_id=sink_id,
@@ -65,8 +67,7 @@ def test_a_repaired_partition_counts_as_a_repaired_heuristic_outcome(
     otel: Collected, spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """A late duplicate attempt aborts the decided transaction of partition 0: the sink writes it again."""
-    from kafka2pc.recipes.spark._faults import inject_task_hook
-    from kafka2pc.recipes.spark_sink import FaultInjection
+    from kafka2pc.recipes.spark._faults import FaultInjection, inject_task_hook
 
     out = create_topic(kafka_bootstrap, partitions=2)
     faults = FaultInjection(duplicate_attempt="after_prepare", fail_partitions=(0,))
@@ -81,3 +82,35 @@ def test_a_repaired_partition_counts_as_a_repaired_heuristic_outcome(
     assert batch is not None and batch.repaired_partitions == (0,)
     assert otel.value("kafka2pc.heuristic_outcomes", kafka2pc__component="spark_sink", kafka2pc__repaired=True) == 1
     assert sorted(int(r.value) for r in drain(kafka_bootstrap, out) if r.value) == list(range(100))
+
+
+def test_the_data_source_records_the_same_names(
+    otel: Collected, spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """format("kafka2pc"): the monitor register_data_source returns is instrumented as a sink is."""
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) < 4:
+        pytest.fail("format('kafka2pc') needs PySpark 4: run this module on PySpark 4")
+    out = create_topic(kafka_bootstrap, partitions=2)
+    monitor = register_data_source(spark)
+    assert otel.telemetry.instrument_spark_sink(monitor) is monitor
+    try:
+        (spark.range(0, 300, numPartitions=3).selectExpr("CAST(id AS STRING) AS value").write.format("kafka2pc")
+         .option("kafka.bootstrap.servers", kafka_bootstrap).option("topic", out)
+         .option("kafka2pc.decisionPath", str(tmp_path / "d")).mode("append").save())
+    finally:
+        monitor._listeners.clear()  # the monitor is the process's: no listener of this test's providers stays
+    (sink_dir,) = (tmp_path / "d").iterdir()
+    attrs = {"kafka2pc__component": "spark_sink", "kafka2pc__sink_id": sink_dir.name}
+    assert otel.value("kafka2pc.transactions.committed", **attrs) == 3
+    assert otel.histogram("kafka2pc.transaction.prepare.duration", **attrs)[0] == 1
+    assert otel.histogram("kafka2pc.transaction.db_commit.duration", **attrs)[0] == 1
+    assert otel.histogram("kafka2pc.transaction.commit.duration", **attrs)[0] == 1
+    assert otel.value("kafka2pc.transactions.in_doubt", **attrs) == 0
+    (batch,) = otel.spans("kafka2pc.spark.batch")
+    children = [s for s in otel.spans() if s.parent is not None and s.parent.span_id == batch.context.span_id]
+    assert [s.name for s in sorted(children, key=lambda s: s.start_time or 0)] == [
+        "kafka2pc.prepare", "kafka2pc.db_commit", "kafka2pc.kafka_commit",
+    ]
+    assert sorted(int(r.value) for r in drain(kafka_bootstrap, out) if r.value) == list(range(300))

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka2pc.recipes.spark import TaskPoint
+from kafka2pc.recipes.spark._executor import TaskPoint
 
 
 @dataclass(frozen=True)

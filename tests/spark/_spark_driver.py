@@ -74,7 +74,7 @@ def main() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from kafka2pc.recipes.spark._faults import inject_task_hook
-    from kafka2pc.recipes.spark_sink import KafkaTwoPhaseSink
+    from kafka2pc.recipes.spark import KafkaTwoPhaseSink
     from pyspark.sql import SparkSession
 
     builder = (
@@ -154,7 +154,7 @@ def main() -> None:
 
 def run_data_source(spark, cfg, producer_config):  # type: ignore[no-untyped-def]
     """format("kafka2pc"): ``source`` "files" streams (AvailableNow), "batch" writes the files in one job."""
-    from kafka2pc.recipes.spark.datasource import Kafka2pcDataSource
+    from kafka2pc.recipes.spark._datasource import Kafka2pcDataSource
 
     class Source(Kafka2pcDataSource):
         _on_step = crash_hook()

@@ -196,7 +196,7 @@ def decision_outcomes(bootstrap: str, checkpoint: Path, batch_id: int) -> list[s
     transaction under that id is exactly the recorded one (the recovery plan
     would commit it).
     """
-    from kafka2pc.recipes.spark_sink import LocalDecisionStore
+    from kafka2pc.recipes.spark import LocalDecisionStore
 
     from kafka2pc import Decision, TransactionAdmin
 

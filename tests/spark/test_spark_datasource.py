@@ -3,11 +3,15 @@
 Every test writes through a real broker and checks with a read_committed
 consumer that each input row is visible exactly once and that no transaction
 is left open (last stable offset == high watermark).  PySpark 4 only
-(tests/spark/conftest.py leaves this module out on older lines).
+(tests/spark/conftest.py leaves this module out of runs that target an older line).
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from _sparkkit import assert_exactly_once, hanging, write_json_files
-from kafka2pc.recipes.spark import FaultInjection, LocalDecisionStore, SinkStep
-from kafka2pc.recipes.spark.datasource import Kafka2pcDataSource, recover, register_data_source
+from kafka2pc.recipes.spark import LocalDecisionStore, SinkRecovery, SinkStep, recover, register_data_source
+from kafka2pc.recipes.spark._datasource import Kafka2pcDataSource
+from kafka2pc.recipes.spark._faults import FaultInjection
 
 from kafka2pc import TransactionAdmin
 from kafka2pc.testing import drain
@@ -49,21 +54,35 @@ def batch_write(df: DataFrame, bootstrap: str, topic: str | None, **options: str
 
 def test_batch_rerun_with_the_same_run_id_writes_nothing(
     spark: SparkSession, kafka2pc_format: Any, kafka_bootstrap: str, topic_factory: Callable[..., str],
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
 ) -> None:
+    """The rerun writes nothing, and says so in the driver's ``logging`` (not as a Python worker's stderr line)."""
+    monitor = register_data_source(spark)
     out = topic_factory(partitions=2)
     df = spark.range(0, 500, numPartitions=3).selectExpr("CAST(id AS STRING) AS value", "CAST(id % 5 AS STRING) AS key")
     run = {"kafka2pc.runId": f"run-{uuid.uuid4().hex[:6]}", "kafka2pc.decisionPath": str(tmp_path / "d")}
     batch_write(df, kafka_bootstrap, out, **run)
     assert_exactly_once(kafka_bootstrap, out, values(500))
     (sink_dir,) = (tmp_path / "d").iterdir()
+    assert sink_dir.name.startswith("r") and len(sink_dir.name) == 17  # one folder per run: r + 16 hex digits
     decision = LocalDecisionStore(sink_dir).get(0)
     assert decision is not None and len(decision.transactions) == 3 and decision.revision == 0
+    assert abs(decision.created_s - time.time()) < 600
+    batch = monitor.last_batch_metrics  # reported by the driver's commit worker, before save() returned
+    assert batch is not None and (batch.sink_id, batch.batch_id, batch.records) == (sink_dir.name, 0, 500)
+    assert (batch.replayed, batch.partitions, batch.transactions_prepared, batch.transactions_committed) == (
+        False, 3, 3, 3)
 
-    batch_write(df, kafka_bootstrap, out, **run)  # the rerun: nothing written, nothing prepared
+    capfd.readouterr()
+    with caplog.at_level(logging.INFO, logger="kafka2pc"):
+        batch_write(df, kafka_bootstrap, out, **run)  # the rerun: nothing written, nothing prepared
+    (line,) = [r for r in caplog.records if "was committed already" in r.getMessage()]
+    assert (line.name, line.levelname) == ("kafka2pc.recipes.spark_sink", "WARNING")
+    assert line.getMessage().startswith(f"run {run['kafka2pc.runId']} was committed already (500 records in 3 ")
+    assert "was committed already" not in capfd.readouterr().err  # not also a bare line from the worker
     assert_exactly_once(kafka_bootstrap, out, values(500))
     assert len(drain(kafka_bootstrap, out, "read_uncommitted")) == 500
-    assert sorted(p.name for p in sink_dir.iterdir()) == ["0000000000000000000.000000.json"]
+    assert sorted(p.name for p in sink_dir.iterdir()) == ["0000000000000000000.000000.json"]  # zero-padded
 
     # Another run id is another run: written once more.
     batch_write(df, kafka_bootstrap, out, **dict(run, **{"kafka2pc.runId": "other"}))
@@ -143,25 +162,35 @@ def test_columns_and_bad_input(
             assert msg.headers() == [("id", str(i).encode())]
 
     missing = f"no-such-topic-{uuid.uuid4().hex[:8]}"
-    cases: list[tuple[str, DataFrame, str | None, dict[str, str], str]] = [
-        ("no value column", spark.range(3).selectExpr("CAST(id AS STRING) AS key"), t1, {}, "'value'"),
-        ("no topic", spark.range(3).selectExpr("CAST(id AS STRING) AS value"), None, {}, "topic option required"),
-        ("missing topic option", spark.range(3).selectExpr("CAST(id AS STRING) AS value"), missing, {}, missing),
+    three = spark.range(3).selectExpr("CAST(id AS STRING) AS value")
+    # (case, input, topic option, options, the error's own line, its bound in seconds). Measured on a loaded
+    # 2-core machine: 0.1-0.5 s for the writer's checks before any task (a metadata request), 6-8 s for a
+    # failing task (four attempts, local[2,4], then the driver's two sweeps for prepared transactions, 3 s
+    # apart), 0.05 s for a refused bootstrap. The bounds leave room for a busier machine.
+    cases: list[tuple[str, DataFrame, str | None, dict[str, str], str, float]] = [
+        ("no value column", spark.range(3).selectExpr("CAST(id AS STRING) AS key"), t1, {},
+         r"UsageError: required attribute 'value' not found", 10),
+        ("no topic", three, None, {}, r"UsageError: topic option required when no 'topic' attribute is present", 10),
+        ("missing topic option", three, missing, {},
+         rf"UnknownTopicError: topic '{missing}' \(the topic option\) does not exist", 10),
         ("null topic", spark.range(0, 90, numPartitions=3).selectExpr(
-            f"IF(id = 80, NULL, '{t1}') AS topic", "CAST(id AS STRING) AS value"), None, {}, "null topic"),
+            f"IF(id = 80, NULL, '{t1}') AS topic", "CAST(id AS STRING) AS value"), None, {},
+         r"UsageError: row \d+ has a null topic and no topic option is set", 30),
         ("missing topic in a row", spark.range(0, 90, numPartitions=3).selectExpr(
-            f"IF(id = 80, '{missing}', '{t1}') AS topic", "CAST(id AS STRING) AS value"), None, {}, missing),
-        ("unreachable bootstrap", spark.range(3).selectExpr("CAST(id AS STRING) AS value"), t1,
-         {"kafka.bootstrap.servers": "127.0.0.1:9", "kafka.socket.connection.setup.timeout.ms": "1000"},
-         "127.0.0.1:9|ransport|onnect|nreachable|timed out|BrokerUnavailable"),
+            f"IF(id = 80, '{missing}', '{t1}') AS topic", "CAST(id AS STRING) AS value"), None, {},
+         rf"UnknownTopicError: topic '{missing}' does not exist \(batch 0\)", 30),
+        # No broker listens on port 9: the writer's bootstrap check fails before any Kafka request
+        # (the control plane alone retried for 30 s), naming the address and the cause.
+        ("refused bootstrap", three, t1, {"kafka.bootstrap.servers": "127.0.0.1:9"},
+         r"BrokerUnavailableError: Kafka unreachable: 127\.0\.0\.1:9: connection refused", 5),
     ]
     before = {t: len(drain(kafka_bootstrap, t, "read_committed")) for t in (t1, t2)}
-    for name, bad, topic, extra, error in cases:
+    for name, bad, topic, extra, error, bound_s in cases:
         started = time.monotonic()
         with pytest.raises(Exception, match=error):
             batch_write(bad, extra.get("kafka.bootstrap.servers", kafka_bootstrap), topic, **dict(opts, **extra))
         elapsed = time.monotonic() - started
-        assert elapsed < 60, f"{name}: took {elapsed:.1f}s to fail"
+        assert elapsed < bound_s, f"{name}: took {elapsed:.1f}s to fail (bound {bound_s:g}s)"
         for t in (t1, t2):
             assert hanging(kafka_bootstrap, t) == 0, f"{name}: a transaction is left open on {t}"
             assert len(drain(kafka_bootstrap, t, "read_committed")) == before[t], f"{name}: rows became visible"
@@ -202,4 +231,47 @@ def test_streaming_micro_batches_exactly_once_with_task_retries(
         assert {t.partition: t.transactional_id.rsplit(".", 1)[1] for t in decision.transactions}[0] == "1"
     assert store.get(3) is None
     assert_exactly_once(kafka_bootstrap, out, expected)
-    assert recover(options) == 0  # nothing left open
+    assert recover(options) == SinkRecovery()  # nothing left open
+
+
+def test_a_batch_write_without_a_decision_path_needs_a_local_session_registered_by_the_call(
+    spark: SparkSession, kafka2pc_format: Any, kafka_bootstrap: str, topic_factory: Callable[..., str],
+) -> None:
+    """A source registered without register_data_source cannot tell a local[*] session: it refuses the default."""
+    out = topic_factory(partitions=1)
+    kafka2pc_format(Kafka2pcDataSource)  # as PySpark's own lookup of pyspark_kafka2pc registers it
+    with pytest.raises(Exception, match=r"UsageError: set the option kafka2pc.decisionPath for a batch write"):
+        batch_write(spark.range(3).selectExpr("CAST(id AS STRING) AS value"), kafka_bootstrap, out)
+    assert len(drain(kafka_bootstrap, out, "read_uncommitted")) == 0
+
+
+def test_a_thread_that_registers_writes(
+    spark: SparkSession, kafka2pc_format: Any, kafka_bootstrap: str, topic_factory: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """PySpark looks data sources up through the thread's JVM active session: register_data_source sets it."""
+    out = topic_factory(partitions=2)
+    errors: list[BaseException] = []
+
+    def write(start: int) -> None:
+        try:
+            register_data_source(spark)
+            batch_write(spark.range(start, start + 100, numPartitions=2).selectExpr("CAST(id AS STRING) AS value"),
+                        kafka_bootstrap, out, **{"kafka2pc.decisionPath": str(tmp_path / "d")})
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(start,)) for start in (0, 100)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, errors
+    assert_exactly_once(kafka_bootstrap, out, values(200))
+
+
+def test_the_datasource_module_path_is_deprecated() -> None:
+    sys.modules.pop("kafka2pc.recipes.spark.datasource", None)
+    with pytest.warns(DeprecationWarning, match="import register_data_source and recover from kafka2pc.recipes.spark"):
+        old = importlib.import_module("kafka2pc.recipes.spark.datasource")
+    assert old.recover is recover and old.Kafka2pcDataSource is Kafka2pcDataSource

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import kafka2pc.recipes.spark._datasource  # noqa: F401 - PySpark 4, or this module's collection fails naming it
 import pytest
 from _sparkkit import assert_exactly_once, crash_driver, decision_outcomes, finish_driver, hanging, write_json_files
 

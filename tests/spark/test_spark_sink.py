@@ -17,17 +17,18 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _sparkkit import assert_exactly_once, hanging
 from confluent_kafka import Consumer
-from kafka2pc.recipes.spark._faults import inject_task_hook
-from kafka2pc.recipes.spark_sink import (
-    FaultInjection,
+from kafka2pc.recipes.spark import (
     HadoopDecisionStore,
     KafkaTwoPhaseSink,
     LocalDecisionStore,
     SinkDecision,
+    SinkRecovery,
     SinkTransaction,
 )
+from kafka2pc.recipes.spark._executor import WriterSpec, write_partition
+from kafka2pc.recipes.spark._faults import FaultInjection, inject_task_hook
 
-from kafka2pc import PreparedTxnState, TransactionOutcome, UsageError
+from kafka2pc import BrokerUnavailableError, PreparedTxnState, TransactionOutcome, UsageError
 from kafka2pc._control import ControlPlane
 from kafka2pc._recovery import settle
 from kafka2pc.testing import drain
@@ -134,10 +135,9 @@ def test_duplicate_attempts_outside_spark_only_the_decided_one_commits(
     (never commits something else in its place).
     """
     import pyarrow as pa
-    from kafka2pc.recipes.spark_sink import _WriterSpec, write_partition
 
     out = topic_factory(partitions=1)
-    spec = _WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"k2pc-sim-{uuid.uuid4().hex[:8]}", out,
+    spec = WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"k2pc-sim-{uuid.uuid4().hex[:8]}", out,
                        ("value",), batch_id=0)
     tid = spec.transactional_id(0)
     rows = [pa.RecordBatch.from_pydict({"value": [f"r{i}".encode() for i in range(50)]})]
@@ -188,11 +188,10 @@ def test_leftover_transactions_are_settled_before_new_data(
 ) -> None:
     """Prepared transactions of a crashed run, under the sink's ids, are aborted before the first write."""
     import pyarrow as pa
-    from kafka2pc.recipes.spark_sink import _WriterSpec, write_partition
 
     out = topic_factory(partitions=1)
     sink_id = f"left-{uuid.uuid4().hex[:8]}"
-    spec = _WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"kafka2pc-spark-{sink_id}", out, ("value",), 0)
+    spec = WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"kafka2pc-spark-{sink_id}", out, ("value",), 0)
     for partition in (0, 5):  # 5: an id from a run with more partitions than this one
         write_partition(spec, [pa.RecordBatch.from_pydict({"value": [b"stale"] * 20})], partition, 0)
     assert hanging(kafka_bootstrap, out) == 40
@@ -207,7 +206,7 @@ def test_leftover_transactions_are_settled_before_new_data(
     # recover() does the same on demand (e.g. after a query was stopped mid-batch).
     write_partition(spec, [pa.RecordBatch.from_pydict({"value": [b"stale"] * 20})], 1, 0)
     assert hanging(kafka_bootstrap, out) == 20
-    assert sink.recover() == 1
+    assert sink.recover() == SinkRecovery(committed=0, aborted=1)
     assert_exactly_once(kafka_bootstrap, out, values(100))
 
 
@@ -246,12 +245,22 @@ def test_columns_key_topic_partition_headers(
         KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap, "transactional.id": "x"}, topic=t1)
 
 
-def test_faults_argument_is_a_deprecated_alias_of_the_task_hook_seam() -> None:
+def test_task_hooks_are_a_private_seam_not_an_argument() -> None:
     faults = FaultInjection(fail_task_at="after_prepare")
-    with pytest.warns(DeprecationWarning, match="inject_task_hook"):
-        sink = KafkaTwoPhaseSink({"bootstrap.servers": "127.0.0.1:9"}, topic="t", faults=faults)
-    assert sink._task_hook is faults
+    with pytest.raises(TypeError, match="faults"):
+        KafkaTwoPhaseSink({"bootstrap.servers": "127.0.0.1:9"}, topic="t", faults=faults)  # type: ignore[call-arg]
     assert inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": "127.0.0.1:9"}), faults)._task_hook is faults
+
+
+def test_a_refused_bootstrap_fails_at_once_naming_it(spark: SparkSession, tmp_path: Path) -> None:
+    """No broker listens on 127.0.0.1:9: the first batch fails in well under a second, before any Spark job."""
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": "127.0.0.1:9"}, topic="t", checkpoint_location=str(tmp_path / "c"))
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailableError, match=r"Kafka unreachable: 127\.0\.0\.1:9: connection refused"):
+        sink(spark.range(3).selectExpr("CAST(id AS STRING) AS value"), 0)
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(BrokerUnavailableError, match="connection refused"):
+        sink.recover(spark)
 
 
 def _consume_with_headers(bootstrap: str, topic: str, expected: int) -> list[Any]:
@@ -282,12 +291,15 @@ def test_decision_store_is_append_only(spark: SparkSession, tmp_path: Path, kind
     assert store.get(0) is None and store.latest() is None
     txn = SinkTransaction(0, "kafka2pc-spark-x-0", "k2pc1:5:0:0a1b2c3d:0:17:out", 10)
     for batch in range(5):
-        store.put(SinkDecision("x", batch, 0, (txn,), 1))
+        store.put(SinkDecision("x", batch, 0, (txn,), 1.5))
     with pytest.raises(FileExistsError):
         store.put(SinkDecision("x", 3, 0, (), 2))
     store.put(SinkDecision("x", 3, 1, (), 3))
     got = store.get(3)
-    assert got is not None and got.revision == 1 and got.transactions == ()
+    assert got is not None and got.revision == 1 and got.transactions == () and got.created_s == 3
+    assert store.get(0) == SinkDecision("x", 0, 0, (txn,), 1.5)  # seconds, kept to the millisecond
+    with pytest.warns(DeprecationWarning, match="created_s"):
+        assert got.created_ms == 3000
     latest = store.latest()
     assert latest is not None and latest.batch_id == 4 and latest.transactions == (txn,)
     assert store.purge(3) == 3

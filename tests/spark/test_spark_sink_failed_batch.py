@@ -17,13 +17,9 @@ from typing import TYPE_CHECKING
 import pytest
 from _sparkkit import assert_exactly_once, hanging
 from confluent_kafka import Producer
-from kafka2pc.recipes.spark._faults import inject_task_hook
-from kafka2pc.recipes.spark_sink import (
-    FaultInjection,
-    KafkaTwoPhaseSink,
-    SinkWriteError,
-    UnknownTopicError,
-)
+from kafka2pc.recipes.spark import KafkaTwoPhaseSink, SinkRecovery, SinkWriteError, UnknownTopicError
+from kafka2pc.recipes.spark._executor import WriterSpec, write_partition
+from kafka2pc.recipes.spark._faults import FaultInjection, inject_task_hook
 
 from kafka2pc import UsageError
 from kafka2pc.testing import drain
@@ -69,9 +65,9 @@ def test_row_naming_a_missing_topic_fails_fast_names_it_and_leaves_nothing_open(
 
     # The operator's recover() after the failure: for the sink's own query, and from a new driver
     # process's sink given the checkpoint location (nothing is left open: both find nothing to do).
-    assert sink.recover(spark) == 0
+    assert sink.recover(spark) == SinkRecovery()
     assert KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}).recover(
-        spark, checkpoint_location=str(tmp_path / "chk")) == 0
+        spark, checkpoint_location=str(tmp_path / "chk")) == SinkRecovery()
     # The same batch with the topic fixed is written exactly once afterwards.
     sink(spark.range(0, 300, numPartitions=3).selectExpr("CAST(id AS STRING) AS value")
          .selectExpr(f"'{out}' AS topic", "value"), 0)
@@ -89,7 +85,7 @@ def test_missing_topic_option_fails_before_writing(
         sink(spark.range(10).selectExpr("CAST(id AS STRING) AS value"), 0)
     assert time.monotonic() - started < 10
     assert sink.decision_store is not None and sink.decision_store.get(0) is None
-    assert sink.recover(spark) == 0  # the operator's call after the failure works
+    assert sink.recover(spark) == SinkRecovery()  # the operator's call after the failure works
 
 
 def test_recover_after_the_query_stopped_ends_what_it_left_open(
@@ -101,8 +97,6 @@ def test_recover_after_the_query_stopped_ends_what_it_left_open(
     location both recover; nothing is left open and the next run writes exactly once.
     """
     import pyarrow as pa
-    from kafka2pc.recipes.spark import write_partition
-    from kafka2pc.recipes.spark_sink import _WriterSpec
 
     out = topic_factory(partitions=2)
     chk = tmp_path / "chk"
@@ -116,14 +110,14 @@ def test_recover_after_the_query_stopped_ends_what_it_left_open(
     with pytest.raises(Exception, match="topic"):
         query.awaitTermination(60)
     # What a killed task of that query would have left: a prepared transaction under the sink's ids.
-    spec = _WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"kafka2pc-spark-{sink_id}", out, ("value",), 0)
+    spec = WriterSpec({"bootstrap.servers": kafka_bootstrap}, f"kafka2pc-spark-{sink_id}", out, ("value",), 0)
     write_partition(spec, [pa.RecordBatch.from_pydict({"value": [b"stale"] * 20})], 1, 0)
     assert hanging(kafka_bootstrap, out) == 20
-    assert sink.recover(spark) == 1
+    assert sink.recover(spark) == SinkRecovery(aborted=1)
     assert hanging(kafka_bootstrap, out) == 0
     write_partition(spec, [pa.RecordBatch.from_pydict({"value": [b"stale"] * 20})], 0, 0)
     fresh = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, sink_id=sink_id)
-    assert fresh.recover(spark, checkpoint_location=str(chk)) == 1
+    assert fresh.recover(spark, checkpoint_location=str(chk)) == SinkRecovery(aborted=1)
     assert hanging(kafka_bootstrap, out) == 0 and drain(kafka_bootstrap, out, "read_committed") == []
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _sparkkit import assert_exactly_once, crash_driver, fail_driver, finish_driver, hanging, write_json_files
-from kafka2pc.recipes.spark_sink import LocalDecisionStore
+from kafka2pc.recipes.spark import LocalDecisionStore
 
 from kafka2pc import TransactionAdmin
 from kafka2pc.testing import drain

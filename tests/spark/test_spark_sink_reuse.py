@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from _sparkkit import assert_exactly_once
-from kafka2pc.recipes.spark_sink import KafkaTwoPhaseSink, LocalDecisionStore
+from kafka2pc.recipes.spark import KafkaTwoPhaseSink, LocalDecisionStore
 
 from kafka2pc.testing import drain
 

@@ -61,7 +61,7 @@ def test_version_is_the_distribution_version() -> None:
 
     pyproject = (Path(kafka2pc.__file__).resolve().parent.parent / "pyproject.toml").read_text()
     found = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE)
-    assert found is not None and kafka2pc.__version__ == found.group(1) == "1.0.0rc1"
+    assert found is not None and kafka2pc.__version__ == found.group(1) == "1.0.0"
 
 
 def test_star_import_gives_exactly_all() -> None:
