@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from kafka2pc import Kafka2pcError
 
-class BrokerError(RuntimeError):
-    """The local broker could not be fetched, started or reached."""
+
+class BrokerError(Kafka2pcError, RuntimeError):
+    """The local broker could not be fetched, started or reached (a :class:`~kafka2pc.Kafka2pcError`)."""
 
 
 def cache_dir() -> Path:

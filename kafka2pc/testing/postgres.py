@@ -14,13 +14,15 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from kafka2pc import Kafka2pcError
+
 DEFAULT_ADMIN_URL = "postgresql+psycopg://postgres:postgres@127.0.0.1:5432/postgres"
 
 __all__ = ["DEFAULT_ADMIN_URL", "PostgresUnavailable", "fresh_database"]
 
 
-class PostgresUnavailable(RuntimeError):
-    """No PostgreSQL server answered at the admin URL."""
+class PostgresUnavailable(Kafka2pcError, RuntimeError):
+    """No PostgreSQL server answered at the admin URL (a :class:`~kafka2pc.Kafka2pcError`)."""
 
 
 @contextmanager

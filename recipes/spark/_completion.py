@@ -197,6 +197,6 @@ def repair_refusal(decision: SinkDecision, lost: frozenset[int], problem: str, l
         "Rewriting would lose or duplicate rows, so nothing was written. Restart the query with the "
         "partitioning of the run that wrote the decision (same number of cores or spark.default.parallelism, "
         "same spark.sql.files.maxPartitionBytes / openCostInBytes, same input files); the decision is "
-        f"{location}/{decision.batch_id:019d}.{decision.revision:06d}.json. See docs/spark.md, "
+        f"{location}/{decision.batch_id:019d}.{decision.revision:06d}.json. See docs/spark-recovery.md, "
         "'Repair'."
     )

@@ -236,7 +236,7 @@ class SinkRepairError(SinkCompletionError):
 
     Writing it would lose or duplicate rows, so nothing was written (what the
     repair prepared is aborted).  The message says what differs and what the
-    operator can do; ``docs/spark.md`` (*Repair*) explains it.
+    operator can do; ``docs/spark-recovery.md`` (*Repair*) explains it.
     """
 
 
