@@ -73,8 +73,8 @@ def main() -> None:
     for noisy in ("kafka", "py4j", "pyspark"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
-    from kafka2pc.recipes.spark._faults import inject_task_hook
     from kafka2pc.recipes.spark import KafkaTwoPhaseSink
+    from kafka2pc.recipes.spark._faults import inject_task_hook
     from pyspark.sql import SparkSession
 
     builder = (
