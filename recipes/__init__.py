@@ -6,6 +6,6 @@ dependencies:
 - :mod:`kafka2pc.recipes.dual_write` — KIP-939's dual-write recipe on SQLAlchemy 2.x
   (PostgreSQL, SQLite, any dialect with row locks): atomic database + Kafka writes,
   recovery, exactly-once consume-transform-produce.
-- :mod:`kafka2pc.recipes.spark_sink` — an exactly-once Kafka sink for Spark Structured
+- :mod:`kafka2pc.recipes.spark` — exactly-once Kafka writes from Spark Structured
   Streaming (``[spark]`` extra).
 """

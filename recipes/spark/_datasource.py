@@ -60,9 +60,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
+from kafka2pc._extras import missing_extra
+
 try:
     from pyspark.sql.datasource import DataSource, WriterCommitMessage
-except ImportError as exc:  # pragma: no cover - PySpark 3.5
+except ImportError as exc:  # pragma: no cover - PySpark 3.5, or no PySpark
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as missing:
+        raise missing_extra(missing, extra="spark", feature="format('kafka2pc')") from missing
     raise ImportError(
         "format('kafka2pc') needs PySpark 4's Python data sources (pyspark.sql.datasource); on PySpark 3.5 "
         "use the foreachBatch sink, kafka2pc.recipes.spark.KafkaTwoPhaseSink"
