@@ -16,3 +16,7 @@ warnings.warn(
 )
 
 __all__ = list(_spark.__all__)
+
+
+def __getattr__(name: str) -> object:
+    return getattr(_spark, name)  # the package's deprecated names (they warn there)

@@ -78,14 +78,27 @@ from ._values import (
     SinkRecovery,
     SinkRepairError,
     SinkStep,
+    SinkStepHook,
     SinkTransaction,
     SinkWriteError,
-    StepHook,
     UnknownTopicError,
 )
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+_RENAMED = {"StepHook": "SinkStepHook"}
+"""Old names that still work, with a ``DeprecationWarning``, until kafka2pc 1.1."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _RENAMED:
+        import warnings
+
+        warnings.warn(f"kafka2pc.recipes.spark.{name} is deprecated: use {_RENAMED[name]} (the dual-write "
+                      "recipe's StepHook is another type)", DeprecationWarning, stacklevel=2)
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_data_source(spark: SparkSession) -> DataSourceMonitor:
@@ -122,9 +135,9 @@ __all__ = [
     "SinkRecovery",
     "SinkRepairError",
     "SinkStep",
+    "SinkStepHook",
     "SinkTransaction",
     "SinkWriteError",
-    "StepHook",
     "UnknownTopicError",
     "recover",
     "register_data_source",

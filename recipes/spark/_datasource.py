@@ -87,7 +87,7 @@ from ._values import (
     PartitionResult,
     SinkCompletionError,
     SinkDecision,
-    StepHook,
+    SinkStepHook,
     UnknownTopicError,
 )
 
@@ -161,7 +161,7 @@ class _Plan:
     leftovers_aborted: int = 0
     settle_s: float = 0.0
 
-    def coordinator(self, admin: TransactionAdmin, on_step: StepHook | None) -> SinkCoordinator:
+    def coordinator(self, admin: TransactionAdmin, on_step: SinkStepHook | None) -> SinkCoordinator:
         return SinkCoordinator(lambda: admin, self.sink_id, self.spec.transactional_id_base,
                                LocalDecisionStore(self.directory), max_repairs=self.max_repairs,
                                decisions_to_retain=self.retain, on_step=on_step)
@@ -180,7 +180,7 @@ class Kafka2pcDataSource(DataSource):
     Register it with :func:`register_data_source`.
     """
 
-    _on_step: ClassVar[StepHook | None] = None
+    _on_step: ClassVar[SinkStepHook | None] = None
     """Private test seam: a driver hook called at each :class:`~kafka2pc.recipes.spark.SinkStep` (subclass to set)."""
     _task_hook: ClassVar[TaskHook | None] = None
     """Private test seam: a task hook called at each ``TaskStep`` (subclass to set)."""
@@ -239,7 +239,7 @@ def _free_slot(latest: SinkDecision | None) -> int:
     raise SinkCompletionError(f"the latest decision uses every transactional id slot: {sorted(used)}")
 
 
-def _settle_run(plan: _Plan, admin: TransactionAdmin, run_id: str | None, on_step: StepHook | None) -> _Plan:
+def _settle_run(plan: _Plan, admin: TransactionAdmin, run_id: str | None, on_step: SinkStepHook | None) -> _Plan:
     """Batch, before the tasks: complete the run's recorded decision, or abort what a died run left open."""
     started = time.monotonic()
     coordinator = plan.coordinator(admin, on_step)
@@ -295,14 +295,14 @@ def _arrow(items: Iterator[Any]) -> Iterator[pa.RecordBatch]:
         yield pa.RecordBatch.from_pylist(rows)
 
 
-def _commit(plan: _Plan, on_step: StepHook | None, messages: Sequence[WriterCommitMessage | None],
+def _commit(plan: _Plan, on_step: SinkStepHook | None, messages: Sequence[WriterCommitMessage | None],
             batch_id: int) -> Completed | None:
     """The driver's commit: record the decision and complete it; a replayed batch completes its recorded one."""
     with relayed(plan.relay) as relay:
         return _commit_batch(plan, on_step, messages, batch_id, relay)
 
 
-def _commit_batch(plan: _Plan, on_step: StepHook | None, messages: Sequence[WriterCommitMessage | None],
+def _commit_batch(plan: _Plan, on_step: SinkStepHook | None, messages: Sequence[WriterCommitMessage | None],
                   batch_id: int, relay: RelayClient | None) -> Completed | None:
     started = time.monotonic()
     results = sorted((m.result for m in messages if isinstance(m, _Prepared) and m.result is not None),
@@ -371,7 +371,7 @@ def _abort(plan: _Plan, batch_id: int) -> None:
 class Kafka2pcBatchWriter(_BatchWriterBase):
     """The batch writer of ``format("kafka2pc")``: Arrow batches in, one prepared transaction per task."""
 
-    def __init__(self, plan: _Plan, on_step: StepHook | None) -> None:
+    def __init__(self, plan: _Plan, on_step: SinkStepHook | None) -> None:
         self._plan = plan
         self._on_step = on_step
 
@@ -391,7 +391,7 @@ class Kafka2pcBatchWriter(_BatchWriterBase):
 class Kafka2pcStreamWriter(_StreamWriterBase):
     """The micro-batch writer of ``writeStream.format("kafka2pc")``: each batch exactly once."""
 
-    def __init__(self, plan: _Plan, on_step: StepHook | None) -> None:
+    def __init__(self, plan: _Plan, on_step: SinkStepHook | None) -> None:
         self._plan = plan
         self._on_step = on_step
 

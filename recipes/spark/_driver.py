@@ -33,8 +33,8 @@ from ._values import (
     SinkCompletionError,
     SinkDecision,
     SinkRecovery,
+    SinkStepHook,
     SinkTransaction,
-    StepHook,
     UnknownTopicError,
 )
 
@@ -91,7 +91,7 @@ class KafkaTwoPhaseSink:
     ``sink_id`` or ``decision_store`` is tied to one query; another query
     calling it gets a :class:`~kafka2pc.UsageError`.
 
-    ``on_step`` (a :data:`StepHook`) is a testing and tracing aid called on
+    ``on_step`` (a :data:`SinkStepHook`) is a testing and tracing aid called on
     the driver at each :class:`SinkStep`.
 
     The first batch (or :meth:`recover`) checks that a bootstrap address
@@ -121,7 +121,7 @@ class KafkaTwoPhaseSink:
         decisions_to_retain: int = 100,
         max_repairs: int = 3,
         metrics_history: int = 100,
-        on_step: StepHook | None = None,
+        on_step: SinkStepHook | None = None,
     ) -> None:
         config = dict(producer_config)
         if "bootstrap.servers" not in config:

@@ -28,8 +28,8 @@ from ._values import (
     SinkRecovery,
     SinkRepairError,
     SinkStep,
+    SinkStepHook,
     SinkTransaction,
-    StepHook,
 )
 
 logger = logging.getLogger("kafka2pc.recipes.spark_sink")
@@ -69,7 +69,7 @@ class SinkCoordinator:
         *,
         max_repairs: int = 3,
         decisions_to_retain: int = 100,
-        on_step: StepHook | None = None,
+        on_step: SinkStepHook | None = None,
     ) -> None:
         self._admin = admin
         self.sink_id = sink_id

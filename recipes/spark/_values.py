@@ -223,8 +223,8 @@ class SinkStep(str, enum.Enum):
     """The decision's first transaction was completed, the others not yet."""
 
 
-StepHook = Callable[[SinkStep, int], None]
-"""The driver-side hook: ``on_step(step, batch_id)``."""
+SinkStepHook = Callable[[SinkStep, int], None]
+"""The driver-side hook: ``on_step(step, batch_id)`` (the dual-write recipe's ``StepHook`` takes a ``Step``)."""
 
 
 class SinkCompletionError(Kafka2pcError):

@@ -29,6 +29,13 @@ def test_one_import_path_for_both_spark_paths() -> None:
     assert package.recover is _options.recover  # importable without PySpark 4's data sources
 
 
+def test_spark_step_hook_has_its_own_name() -> None:
+    """The dual-write recipe's StepHook takes a Step; the Spark one, (SinkStep, batch id): SinkStepHook."""
+    with pytest.warns(DeprecationWarning, match="use SinkStepHook"):
+        assert package.StepHook is package.SinkStepHook  # type: ignore[attr-defined]
+    assert "StepHook" not in package.__all__
+
+
 def test_test_aids_are_not_public() -> None:
     for name in TEST_AIDS:
         assert name not in package.__all__, name
