@@ -56,7 +56,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kafka2pc.recipes.spark_sink import KafkaTwoPhaseSink
+from kafka2pc.recipes.spark import KafkaTwoPhaseSink
 
 from kafka2pc.testing import create_topic, drain, end_offsets
 
