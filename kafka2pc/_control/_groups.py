@@ -8,11 +8,25 @@ that group waits.  The transaction's own coordinator lists the group's
 ``__consumer_offsets`` partition among the transaction's partitions
 (``DescribeTransactions``), which is how the holder is found.
 
-Every broker is asked ``ListGroups`` (each coordinates a slice of
-``__consumer_offsets``); each group is then asked ``OffsetFetch`` on the
-broker that coordinates it (every other broker answers ``NOT_COORDINATOR``).
-Groups with no committed offset at all are not seen: the coordinator reports
-pending offsets only for partitions that have a committed one.
+A pending offset is a transactional record in the group's
+``__consumer_offsets`` partition, which holds that partition's last stable
+offset back.  So the search is:
+
+1. the ``__consumer_offsets`` partitions held back (one ``Metadata`` and two
+   ``ListOffsets`` requests per broker, :mod:`kafka2pc._control._lag`); none:
+   no group has pending offsets, and nothing more is asked;
+2. every broker is asked ``ListGroups`` (a group whose only offsets are
+   pending is listed too); the *candidates* are the groups stored in a
+   held-back partition;
+3. each candidate is asked ``OffsetFetch`` with ``require_stable`` for every
+   partition of every topic that is not internal, on the broker that
+   coordinates it (every other one answers ``NOT_COORDINATOR``).  Naming the
+   partitions matters: asked for "all its offsets", the coordinator answers
+   only for partitions that have a committed offset, so a brand-new group
+   whose first offsets are pending would be missed.
+
+The cost is ``1 + 2 x brokers + brokers + candidates x (1..brokers)`` requests;
+a candidate's ``OffsetFetch`` names every partition of the cluster.
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from kafka2pc._errors import WireError, translate_kafka_python_error
 from kafka2pc._types import TopicPartition
 
 if TYPE_CHECKING:
+    from kafka2pc._control._plane import ControlPlane
     from kafka2pc._control._session import Session
 
 __all__ = [
@@ -78,10 +93,17 @@ def consumer_offsets_partition_count(session: Session, *, timeout: float | None 
     return session._run(context, deadline, go)
 
 
-def pending_offset_groups(session: Session, *, timeout: float | None = None) -> dict[str, list[TopicPartition]]:
+def pending_offset_groups(session: ControlPlane, *, timeout: float | None = None) -> dict[str, list[TopicPartition]]:
     """Per consumer group with offsets pending in an open transaction: the partitions whose offsets are pending."""
+    from kafka2pc._control._lag import held_back_partitions
+
     context = "ListGroups / OffsetFetch (require_stable)"
     deadline = session._call_deadline(timeout)
+    with session.deadline(deadline.remaining()):
+        held = {lag.partition for lag in held_back_partitions(session, topics=[CONSUMER_OFFSETS_TOPIC])}
+        if not held:
+            return {}
+        count = consumer_offsets_partition_count(session)
 
     async def go(admin: KafkaAdminClient) -> dict[str, list[TopicPartition]]:
         brokers = compat.broker_ids(admin)
@@ -91,10 +113,20 @@ def pending_offset_groups(session: Session, *, timeout: float | None = None) -> 
             if response.error_code:
                 raise translate_kafka_python_error(response.error_code, f"ListGroups on broker {node_id}")
             groups.update(str(g.group_id) for g in response.groups)
+        candidates = sorted(g for g in groups if count and offsets_partition(g, count) in held)
+        if not candidates:
+            return {}
+        metadata = await session._send(admin, protocol.metadata(None), None, deadline, context, label="ListTopics")
+        topics = [
+            OffsetFetchRequest.OffsetFetchRequestTopic(
+                name=str(t.name), partition_indexes=sorted(int(p.partition_index) for p in t.partitions))
+            for t in sorted(metadata.topics, key=lambda t: str(t.name))
+            if not t.error_code and not t.is_internal
+        ]
         pending: dict[str, list[TopicPartition]] = {}
-        for group_id in sorted(groups):
+        for group_id in candidates:
             for node_id in brokers:
-                request = OffsetFetchRequest(group_id=group_id, topics=None, require_stable=True,
+                request = OffsetFetchRequest(group_id=group_id, topics=topics, require_stable=True,
                                              min_version=7, max_version=7)
                 response = await session._send(admin, request, node_id, deadline, context)
                 if response.error_code in _ASK_ANOTHER_BROKER:

@@ -187,6 +187,12 @@ class AsyncTransactionAdmin:
         """The last stable offset and high watermark of ``partition``."""
         return await self._call(functools.partial(self._sync.partition_lag, partition, timeout=timeout))
 
+    async def held_back_partitions(
+        self, *, topics: Collection[str] | None = None, timeout: float | None = None
+    ) -> list[PartitionLag]:
+        """Every partition whose last stable offset is below its high watermark (see the sync method)."""
+        return await self._call(functools.partial(self._sync.held_back_partitions, topics=topics, timeout=timeout))
+
     async def find_hanging_transactions(
         self,
         partitions: Iterable[TopicAndPartition],
