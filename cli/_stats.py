@@ -55,25 +55,27 @@ def id_prefix(transactional_id: str) -> str:
 def pending_offsets_json(admin: TransactionAdmin, infos: list[TransactionInfo]) -> list[dict[str, Any]]:
     """Groups with offsets pending in an open transaction; per group the transactions holding them.
 
-    A transaction holds a group's offsets when it has the group's
-    ``__consumer_offsets`` partition among its partitions (DescribeTransactions).
+    A transaction holds a group's offsets when its records in the group's
+    ``__consumer_offsets`` partition carry them
+    (:meth:`TransactionAdmin.pending_offset_holders`): another transaction
+    writing to that partition for another group is not listed.
     """
     pending = admin.pending_offset_groups()
+    if not pending:
+        return []
+    tids_by_pid: dict[int, list[str]] = {}
+    for info in infos:
+        if info.is_open:
+            tids_by_pid.setdefault(info.description.producer_id, []).append(info.transactional_id)
+    holders = admin.pending_offset_holders(list(pending))
     groups = []
     for group_id, partitions in sorted(pending.items()):
         offsets_tp = admin.consumer_offsets_partition(group_id)
-        holders = [
-            info.transactional_id for info in infos
-            if info.is_open and any(
-                (tp.topic, tp.partition) == (offsets_tp.topic, offsets_tp.partition)
-                for tp in info.description.partitions
-            )
-        ]
         groups.append({
             "group_id": group_id,
             "partitions": [{"topic": tp.topic, "partition": tp.partition} for tp in partitions],
             "offsets_partition": offsets_tp.partition,
-            "held_by": holders,
+            "held_by": sorted(tid for pid in holders.get(group_id, []) for tid in tids_by_pid.get(pid, [])),
         })
     return groups
 

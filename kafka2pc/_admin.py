@@ -496,6 +496,25 @@ class TransactionAdmin:
         with self._ctrl.deadline(timeout):
             return pending_offset_groups(self._ctrl)
 
+    def pending_offset_holders(
+        self, group_ids: Collection[str], *, timeout: float | None = None
+    ) -> dict[str, list[int]]:
+        """Per group: the producer ids whose open transaction holds the group's pending offsets.
+
+        Several groups share a ``__consumer_offsets`` partition, so the
+        transactions a coordinator lists with that partition may hold another
+        group's offsets.  This reads the partition's open transactional
+        records (from the first open transaction there to its end, at most
+        16 MiB; past that every producer with a transaction open there is
+        given) and names, per group, the producers whose records carry its
+        offsets.  Map a producer id to its transactional id with
+        :meth:`list_transactions`.  ``timeout`` bounds the whole call.
+        """
+        from kafka2pc._control._groups import pending_offset_holders
+
+        with self._ctrl.deadline(timeout):
+            return pending_offset_holders(self._ctrl, group_ids)
+
     def consumer_offsets_partition(self, group_id: str, *, timeout: float | None = None) -> TopicAndPartition:
         """The ``__consumer_offsets`` partition that stores ``group_id``'s offsets (as the broker picks it)."""
         from kafka2pc._control._groups import (

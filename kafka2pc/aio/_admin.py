@@ -240,6 +240,12 @@ class AsyncTransactionAdmin:
         """Consumer groups whose committed offsets are pending in an open transaction, with those partitions."""
         return await self._call(functools.partial(self._sync.pending_offset_groups, timeout=timeout))
 
+    async def pending_offset_holders(
+        self, group_ids: Collection[str], *, timeout: float | None = None
+    ) -> dict[str, list[int]]:
+        """Per group: the producer ids whose open transaction holds its pending offsets (see the sync method)."""
+        return await self._call(functools.partial(self._sync.pending_offset_holders, group_ids, timeout=timeout))
+
     async def consumer_offsets_partition(self, group_id: str, *, timeout: float | None = None) -> TopicAndPartition:
         """The ``__consumer_offsets`` partition that stores ``group_id``'s offsets (as the broker picks it)."""
         return await self._call(functools.partial(self._sync.consumer_offsets_partition, group_id, timeout=timeout))
