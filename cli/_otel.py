@@ -50,7 +50,8 @@ __all__ = ["PREFIX", "SCOPE", "ClusterGauges", "run_exporter"]
 log = logging.getLogger(__name__)
 
 REUSE_S = 1.0
-"""Gauges observed within this long of a collection share it (one collection per export)."""
+"""Gauges observed within this long of a collection share it (one collection per export), unless
+:meth:`ClusterGauges.expire` was called since (the exporter's loop does, before each export)."""
 
 
 class ClusterGauges:
@@ -70,6 +71,7 @@ class ClusterGauges:
         self._lock = threading.Lock()
         self._doc: dict[str, Any] | None = None
         self._taken: float | None = None
+        self._expired = False
         self.failures = 0
         meter = metrics.get_meter(SCOPE, __version__, meter_provider=meter_provider)
         for metric in METRICS:
@@ -97,9 +99,15 @@ class ClusterGauges:
         self._taken = time.monotonic()
         return self._doc
 
+    def expire(self) -> None:
+        """The next gauge observed collects again (the exporter calls it before each export)."""
+        with self._lock:
+            self._expired = True
+
     def _document(self) -> dict[str, Any] | None:
         with self._lock:
-            if self._taken is None or time.monotonic() - self._taken > REUSE_S:
+            if self._expired or self._taken is None or time.monotonic() - self._taken > REUSE_S:
+                self._expired = False
                 return self._refresh_locked()
             return self._doc
 
@@ -170,15 +178,16 @@ def run_exporter(
     provider = MeterProvider(metric_readers=[reader])
     gauges = ClusterGauges(collect, meter_provider=provider)
     try:
-        repeat(every_s, count, lambda: _collect_once(reader, timeout_s))
+        repeat(every_s, count, lambda: _collect_once(gauges, reader, timeout_s))
     finally:
         provider.shutdown()
     return gauges
 
 
-def _collect_once(reader: Any, timeout_s: float) -> None:
+def _collect_once(gauges: ClusterGauges, reader: Any, timeout_s: float) -> None:
     from opentelemetry.sdk.metrics import MetricsTimeoutError
 
+    gauges.expire()
     try:
         reader.collect(timeout_millis=timeout_s * 1000.0)
     except MetricsTimeoutError:  # a slow collection exports nothing this time; the exporter goes on

@@ -280,16 +280,17 @@ def make_hanging_transaction(bootstrap: str, topic: str, partition: int, records
     admin = AdminClient({"bootstrap.servers": bootstrap})
     brokers = sorted(admin.list_topics(timeout=30).brokers)
 
-    def alter(value: str | None) -> None:
+    def alter(value: str | None) -> None:  # librdkafka takes one BROKER resource per call
         op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
-        resources = [ConfigResource("BROKER", str(b), incremental_configs=[
-            ConfigEntry(key, value, incremental_operation=op)]) for b in brokers]
-        for future in admin.incremental_alter_configs(resources).values():
-            future.result(30)
+        for broker in brokers:
+            resource = ConfigResource("BROKER", str(broker), incremental_configs=[
+                ConfigEntry(key, value, incremental_operation=op)])
+            for future in admin.incremental_alter_configs([resource]).values():
+                future.result(30)
 
     def effective() -> set[str]:
-        found = admin.describe_configs([ConfigResource("BROKER", str(b)) for b in brokers])
-        return {future.result(30)[key].value for future in found.values()}
+        return {future.result(30)[key].value for broker in brokers
+                for future in admin.describe_configs([ConfigResource("BROKER", str(broker))]).values()}
 
     producer_id = random.randrange(10**12, 2 * 10**12)
     written_ms = int(time.time() * 1000) - 3_600_000
