@@ -254,7 +254,9 @@ class HangingTransaction:
     written_ms: int
 
 
-def make_hanging_transaction(bootstrap: str, topic: str, partition: int, records: int) -> HangingTransaction:
+def make_hanging_transaction(
+    bootstrap: str, topic: str, partition: int, records: int, *, producer_id: int | None = None
+) -> HangingTransaction:
     """Write ``records`` transactional records to ``topic``-``partition`` that no coordinator will ever end.
 
     The transaction is KIP-664's hanging transaction, made reliably: the
@@ -266,6 +268,7 @@ def make_hanging_transaction(bootstrap: str, topic: str, partition: int, records
     ever handed out, without ``AddPartitionsToTxn``, through kafka-python
     (the control plane's client).  The records carry a timestamp one hour
     old, so ``find-hanging`` (default 15 minutes) sees the producer as stale.
+    ``producer_id`` defaults to a random one no broker hands out this early.
     """
     import random
 
@@ -292,7 +295,8 @@ def make_hanging_transaction(bootstrap: str, topic: str, partition: int, records
         return {future.result(30)[key].value for broker in brokers
                 for future in admin.describe_configs([ConfigResource("BROKER", str(broker))]).values()}
 
-    producer_id = random.randrange(10**12, 2 * 10**12)
+    if producer_id is None:
+        producer_id = random.randrange(10**12, 2 * 10**12)
     written_ms = int(time.time() * 1000) - 3_600_000
     batch = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=producer_id,
                                       producer_epoch=0, base_sequence=0, batch_size=1 << 20)

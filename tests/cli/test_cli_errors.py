@@ -28,7 +28,7 @@ Measured from the command's start, after Python's start-up and imports, which
 take seconds of their own on a loaded machine (conftest.run_cli_timed)."""
 
 COMMANDS = (
-    ["list"], ["describe", "x"], ["stats"], ["pending-offsets"], ["find-hanging", "--older-than", "30m"],
+    ["list"], ["describe", "x"], ["stats"], ["pending-offsets"], ["stuck", "--older-than", "30m"],
     ["describe-producers", "--topic", "t", "--partition", "0"], ["force-terminate", "x", "--yes"],
     ["complete", "x", "-1:-1"],
 )
@@ -71,7 +71,7 @@ def test_a_silent_broker_fails_within_the_timeout(run_kafka2pc_timed: Callable[.
         conn.execute(sa.text("INSERT INTO kafka_transaction_state VALUES ('x', '', CURRENT_TIMESTAMP)"))
     engine.dispose()
     with silent_broker() as address:
-        for args in (["list"], ["stats"], ["find-hanging", "--older-than", "30m"],
+        for args in (["list"], ["stats"], ["stuck", "--older-than", "30m"],
                      ["describe-producers", "--topic", "t", "--partition", "0"],
                      ["in-doubt", "--db-url", f"sqlite:///{db}"]):
             run, seconds = run_kafka2pc_timed("--timeout", "2", *args, "-b", address)
