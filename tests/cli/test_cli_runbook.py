@@ -1,4 +1,4 @@
-"""docs/cli.md's runbook, walked through step by step against a broker of its own.
+"""docs/runbook.md, walked through step by step against a broker of its own.
 
 The commands are read from the page (each ``<!-- runbook-transcript -->``
 block: ``$ kafka2pc ...`` lines, each followed by its output) and run in page
@@ -40,10 +40,10 @@ from kafka2pc.testing import create_topic
 from kafka2pc.testing.broker import LocalKafka, port_base
 
 REPO = Path(__file__).resolve().parents[2]
-PAGE = REPO / "docs" / "cli.md"
+PAGE = REPO / "docs" / "runbook.md"
 MARKER = "<!-- runbook-transcript -->"
 BLOCK = re.compile(re.escape(MARKER) + r"\n```text\n(.*?)\n```", re.DOTALL)
-SECOND_SECTION = "### A consumer group does not resume"
+SECOND_SECTION = "## A consumer group does not resume"
 HANGING_PRODUCER_ID = 4242
 RUNBOOK_PORT_OFFSET = 600
 """The runbook's broker: its own slot in the port block (the shared brokers use +92, +192, +1092...)."""
@@ -81,7 +81,7 @@ def page_blocks(text: str) -> list[Block]:
             if line.startswith("$ "):
                 block.steps.append(Step(line[2:], ""))
             else:
-                assert block.steps, f"docs/cli.md: a runbook transcript starts with output: {line!r}"
+                assert block.steps, f"docs/runbook.md: a runbook transcript starts with output: {line!r}"
                 block.steps[-1].output += line + "\n"
         blocks.append(block)
     return blocks
@@ -117,7 +117,7 @@ def test_the_runbook_as_the_page_shows_it(
     bootstrap = runbook_kafka
     text = PAGE.read_text()
     blocks = page_blocks(text)
-    assert len(blocks) >= 6 and {b.section for b in blocks} == {0, 1}, "docs/cli.md: the runbook's transcripts"
+    assert len(blocks) >= 6 and {b.section for b in blocks} == {0, 1}, "docs/runbook.md: the runbook's transcripts"
 
     procs: list[subprocess.Popen[bytes]] = []
     request.addfinalizer(lambda: cli_harness.reap(procs))
@@ -166,6 +166,6 @@ def test_the_runbook_as_the_page_shows_it(
     for block, outputs in ran:
         for step, output in zip(block.steps, outputs, strict=True):
             assert comparable(output) == comparable(step.output), (
-                f"docs/cli.md: `{step.command}` printed\n{output}\nwhere the page shows\n{step.output}"
+                f"docs/runbook.md: `{step.command}` printed\n{output}\nwhere the page shows\n{step.output}"
                 "(KAFKA2PC_UPDATE_RUNBOOK=1 writes this run's output onto the page)")
     del producers
