@@ -337,6 +337,12 @@ def transactions_command(bootstrap: str, *args: str) -> list[dict[str, str]]:
     return run(bootstrap, *args)
 
 
+@pytest.fixture
+def kafka_judge(kafka_bootstrap: str) -> Callable[..., list[dict[str, str]]]:
+    """``kafka_judge("list")``: Kafka's own TransactionsCommand against the test broker (its table's rows)."""
+    return lambda *args: transactions_command(kafka_bootstrap, *args)
+
+
 @dataclass(frozen=True)
 class CliHarness:
     """The helpers above, for module-scoped fixtures (test modules do not import conftest)."""
