@@ -26,6 +26,7 @@ __all__ = [
     "PREFIX",
     "SCOPE",
     "ClusterMetric",
+    "by_name",
     "prometheus_label",
     "prometheus_name",
 ]

@@ -81,14 +81,16 @@ def pending_offsets_json(admin: TransactionAdmin, infos: list[TransactionInfo]) 
 
 
 def _held_back(
-    admin: TransactionAdmin, open_infos: list[TransactionInfo], all_infos: list[TransactionInfo], now: int
+    admin: TransactionAdmin, open_infos: list[TransactionInfo], now: int
 ) -> dict[tuple[str, int], dict[str, Any]]:
     """Every partition with LSO < HW: the coordinators' open transactions', then the leaders' scan.
 
     A partition the scan finds that no open transaction of a coordinator
     has is confirmed with DescribeProducers (a record appended between the
     scan's two readings is no transaction); its holder is the producer whose
-    open transaction starts at the LSO, and it is *hanging*.
+    open transaction starts at the LSO; it is *hanging* unless a coordinator
+    has that producer's transaction open with the partition in it (then the
+    scan saw a transaction the coordinators' view missed by a moment).
     """
     partitions: dict[tuple[str, int], dict[str, Any]] = {}
     for info in open_infos:  # oldest first: the first holder of a partition is the one pinning its LSO
@@ -104,27 +106,28 @@ def _held_back(
             entry["transactional_ids"].append(info.transactional_id)
     from kafka2pc import TopicAndPartition
 
-    tids_by_pid: dict[int, list[str]] = {}
-    for info in all_infos:
-        tids_by_pid.setdefault(info.description.producer_id, []).append(info.transactional_id)
+    open_by_pid = {info.description.producer_id: info for info in open_infos}
     for lag in admin.held_back_partitions():
         if (lag.topic, lag.partition) in partitions:
             continue
+        tp = TopicAndPartition(lag.topic, lag.partition)
         holders = sorted(
-            (p for p in admin.describe_producers(TopicAndPartition(lag.topic, lag.partition))
-             if p.current_txn_start_offset >= 0),
+            (p for p in admin.describe_producers(tp) if p.current_txn_start_offset >= 0),
             key=lambda p: (p.current_txn_start_offset, p.producer_id),
         )
         if not holders:
             continue  # ended between the readings
         holder = holders[0]
+        owner = open_by_pid.get(holder.producer_id)
+        if owner is not None and tp not in owner.description.partitions:
+            owner = None  # its producer id's open transaction is not on this partition: hanging
         partitions[(lag.topic, lag.partition)] = {
             "topic": lag.topic, "partition": lag.partition, "last_stable_offset": lag.last_stable_offset,
             "high_watermark": lag.high_watermark, "held_back": lag.held_back,
-            "held_back_for_ms": max(0, now - holder.last_timestamp_ms),
-            "holding_transactional_id": None, "holding_producer_id": holder.producer_id, "hanging": True,
-            "transactional_ids": [],
-            "known_as": tids_by_pid.get(holder.producer_id, []),
+            "held_back_for_ms": owner.open_for_ms if owner else max(0, now - holder.last_timestamp_ms),
+            "holding_transactional_id": owner.transactional_id if owner else None,
+            "holding_producer_id": holder.producer_id, "hanging": owner is None,
+            "transactional_ids": [owner.transactional_id] if owner else [],
         }
     return partitions
 
@@ -159,7 +162,7 @@ def collect_stats(admin: TransactionAdmin, *, now_ms: int | None = None) -> dict
             if oldest is None or info.open_for_ms > oldest["open_for_ms"]:
                 entry["oldest_open"] = {"transactional_id": info.transactional_id, "open_for_ms": info.open_for_ms}
 
-    partitions = _held_back(admin, open_infos, infos, now)
+    partitions = _held_back(admin, open_infos, now)
     prefixes: dict[str, dict[str, Any]] = {}
     prefix_partitions: dict[str, set[tuple[str, int]]] = {}
     for info in open_infos:
@@ -182,10 +185,7 @@ def collect_stats(admin: TransactionAdmin, *, now_ms: int | None = None) -> dict
         "coordinators": [
             {**c, "states": dict(sorted(c["states"].items()))} for _, c in sorted(coordinators.items())
         ],
-        "partitions": sorted(
-            ({k: v for k, v in p.items() if k != "known_as"} for p in partitions.values()),
-            key=lambda p: (-p["held_back_for_ms"], p["topic"], p["partition"]),
-        ),
+        "partitions": sorted(partitions.values(), key=lambda p: (-p["held_back_for_ms"], p["topic"], p["partition"])),
         "prefixes": sorted(prefixes.values(), key=lambda p: (-p["oldest_open_ms"], p["prefix"])),
         "pending_offsets": pending_offsets_json(admin, infos),
     }

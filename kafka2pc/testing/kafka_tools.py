@@ -29,15 +29,15 @@ from kafka2pc.testing._common import BrokerError, cache_dir
 from kafka2pc.testing._fetch import _maven_fetch
 
 __all__ = [
-    "KAFKA_TOOLS_4_4",
+    "TOOLS_VERSION",
     "TRANSACTIONS_COMMAND",
     "TransactionsCommandError",
-    "fetch_kafka_tools_4_4",
+    "fetch_tools",
     "parse_table",
     "transactions_command",
 ]
 
-KAFKA_TOOLS_4_4 = "4.4.0"
+TOOLS_VERSION = "4.4.0"
 """The ``kafka-tools`` release fetched here (the broker line the suite runs by default)."""
 
 TRANSACTIONS_COMMAND = "org.apache.kafka.tools.TransactionsCommand"
@@ -50,7 +50,7 @@ class TransactionsCommandError(BrokerError):
     """``TransactionsCommand`` failed (non-zero exit) or did not finish within its bound."""
 
 
-def fetch_kafka_tools_4_4(version: str = KAFKA_TOOLS_4_4) -> Path:
+def fetch_tools(version: str = TOOLS_VERSION) -> Path:
     """Download ``org.apache.kafka:kafka-tools:<version>`` and its dependencies; return the libs directory.
 
     Idempotent: a complete download is reused.  Raises :class:`BrokerError`
@@ -89,7 +89,7 @@ _FIRST_HEADERS = frozenset({"TransactionalId", "CoordinatorId", "Topic", "Produc
 
 
 def transactions_command(
-    bootstrap_servers: str, *args: str, version: str = KAFKA_TOOLS_4_4, timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap_servers: str, *args: str, version: str = TOOLS_VERSION, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> list[dict[str, str]]:
     """Run ``kafka-transactions.sh --bootstrap-server B ARGS...`` and return its table's rows.
 
@@ -102,7 +102,7 @@ def transactions_command(
     java = shutil.which("java")
     if java is None:
         raise TransactionsCommandError("java is needed to run Kafka's TransactionsCommand")
-    libs = fetch_kafka_tools_4_4(version)
+    libs = fetch_tools(version)
     command = [java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-cp", f"{libs}/*", TRANSACTIONS_COMMAND,
                "--bootstrap-server", bootstrap_servers, *args]
     try:

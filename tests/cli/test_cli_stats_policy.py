@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import pytest
-from kafka2pc.cli._metrics import COLLECTION_FAILURES, METRICS, prometheus_name
+from kafka2pc.cli._metrics import COLLECTION_FAILURES, METRICS, by_name, prometheus_name
 from kafka2pc.cli._otel import PREFIX, ClusterGauges, run_exporter
 from kafka2pc.cli._stats import collect_stats, id_prefix
 from kafka2pc.cli._stuck import REFUSED_REASON, decide
@@ -234,6 +234,7 @@ def test_prometheus_names_are_the_collectors_translation() -> None:
     theirs = _translated_by_opentelemetry(app + cluster)
     ours = {name: prometheus_name(name, unit, counter=kind == "counter") for name, unit, kind in app + cluster}
     assert ours == theirs
+    assert set(by_name().values()) == {1}  # no two cluster metrics share a Prometheus name
 
     # Every metric a dashboard panel queries is one of them (histograms as _bucket/_count/_sum).
     import json
@@ -278,3 +279,19 @@ def _without_labels(expr: str) -> str:
     import re
 
     return re.sub(r"\{[^}]*\}|\bby \([^)]*\)", " ", expr)
+
+
+def test_transactions_command_tables_are_parsed() -> None:
+    """kafka2pc.testing.kafka_tools reads the tables Kafka's TransactionsCommand prints (padded, tab-joined)."""
+    from kafka2pc.testing.kafka_tools import TransactionsCommandError, parse_table
+
+    text = ("Topic         \tPartition\tProducerId\tProducerEpoch\tCoordinatorEpoch\tStartOffset\tLastTimestamp\t"
+            "Duration(min)\t\nt-5ae5dc5ad54d\t1        \t987654321 \t0            \t-1              \t0          \t"
+            "1795815097425\t60           \t\n")
+    assert parse_table(text) == [{"Topic": "t-5ae5dc5ad54d", "Partition": "1", "ProducerId": "987654321",
+                                  "ProducerEpoch": "0", "CoordinatorEpoch": "-1", "StartOffset": "0",
+                                  "LastTimestamp": "1795815097425", "Duration(min)": "60"}]
+    assert parse_table("TransactionalId\tCoordinator\tProducerId\tTransactionState\t\n") == []
+    assert parse_table("") == []
+    with pytest.raises(TransactionsCommandError):
+        parse_table("TransactionalId\tCoordinator\nonly-one-cell\n")
