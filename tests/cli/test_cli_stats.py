@@ -222,12 +222,18 @@ def test_stats_tells_every_figure_exactly(situations: Situations) -> None:
     assert figures[f"offsets-{s.u}"][:2] == (1, 1) and figures[f"fresh-offsets-{s.u}"][:2] == (1, 1)
 
     # Kafka's own TransactionsCommand: the coordinators' counts, and the one hanging transaction.
-    listed = s.harness.transactions_command(s.bootstrap, "list")
+    # (Other tests' transactions share the broker and may end meanwhile: the counts are compared over a
+    # stats run between two listings that agree.)
+    for _ in range(3):
+        listed = s.harness.transactions_command(s.bootstrap, "list")
+        counted = s.cli("stats", "-o", "json").json()
+        if s.harness.transactions_command(s.bootstrap, "list") == listed:
+            break
     states = {row["TransactionalId"]: row["TransactionState"] for row in listed}
     assert {tid: states[tid] for tid in s.mine} == dict.fromkeys(s.mine, "Ongoing")
-    assert {c["coordinator_id"]: c["transactions"] for c in doc["coordinators"]} == dict(
+    assert {c["coordinator_id"]: c["transactions"] for c in counted["coordinators"]} == dict(
         Counter(int(row["Coordinator"]) for row in listed))
-    assert {c["coordinator_id"]: c["open"] for c in doc["coordinators"] if c["open"]} == dict(
+    assert {c["coordinator_id"]: c["open"] for c in counted["coordinators"] if c["open"]} == dict(
         Counter(int(row["Coordinator"]) for row in listed if row["TransactionState"] in OPEN_STATES))
     judged = s.harness.transactions_command(s.bootstrap, "find-hanging", "--topic", s.hanging.topic)
     assert [(r["Partition"], r["ProducerId"], r["StartOffset"]) for r in judged] == [
@@ -296,13 +302,27 @@ def _figures(doc: dict[str, Any]) -> dict[str, Counter[tuple[Any, ...]]]:
             for m in METRICS}
 
 
+def _settled(doc: dict[str, Any]) -> dict[str, Counter[tuple[Any, ...]]]:
+    """The figures of a ``stats`` document but its ages: what two collections a moment apart share."""
+    from kafka2pc.cli._metrics import METRICS
+
+    return {name: figures for name, figures in _figures(doc).items()
+            if next(m for m in METRICS if m.name == name).unit != "s"}
+
+
 def test_otel_and_the_prometheus_endpoint_export_the_json_figures(situations: Situations) -> None:
     """One export per cycle, the figures of ``stats -o json``; every metric the dashboard queries is scraped."""
     s = situations
     from kafka2pc.cli._metrics import METRICS, prometheus_label
 
-    exported = s.cli("stats", "--otel", "--watch", "0.2", "--count", "1")  # the console exporter: JSON on stdout
-    after = s.cli("stats", "-o", "json").json()
+    # (Other tests' transactions share the broker and may end meanwhile: an export is compared with two
+    # stats documents around it that agree.)
+    for _ in range(3):
+        before = s.cli("stats", "-o", "json").json()
+        exported = s.cli("stats", "--otel", "--watch", "0.2", "--count", "1")  # the console exporter: JSON
+        after = s.cli("stats", "-o", "json").json()
+        if _settled(before) == _settled(after):
+            break
     assert exported.returncode == 0, exported
     [export] = _console_exports(exported.stdout)  # --count 1: collected once, exported once
     points = _otel_points(export)
@@ -324,9 +344,14 @@ def test_otel_and_the_prometheus_endpoint_export_the_json_figures(situations: Si
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        families = _scrape_until(f"http://127.0.0.1:{port}/metrics", "kafka2pc_cluster_partitions_held_back", endpoint)
-        doc = s.cli("stats", "-o", "json").json()
-        families = _scrape_until(f"http://127.0.0.1:{port}/metrics", "kafka2pc_cluster_partitions_held_back", endpoint)
+        url = f"http://127.0.0.1:{port}/metrics"
+        _scrape_until(url, "kafka2pc_cluster_partitions_held_back", endpoint)
+        for _ in range(3):
+            doc = s.cli("stats", "-o", "json").json()
+            time.sleep(1.5)  # a collection (every second) that started after this document's
+            families = _scrape_until(url, "kafka2pc_cluster_partitions_held_back", endpoint)
+            if _settled(s.cli("stats", "-o", "json").json()) == _settled(doc):
+                break
     finally:
         endpoint.send_signal(signal.SIGINT)
         out, err = endpoint.communicate(timeout=60)
