@@ -61,6 +61,9 @@ class _Kafka2pcGroup(click.Group):
         try:
             result = super().main(args, prog_name, standalone_mode=False, **extra)
         except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `kafka2pc` alone: the help, as click prints it
+                exc.show()
+                sys.exit(exc.exit_code)
             click.echo(f"Error: {' '.join(exc.format_message().split())}{_hint(exc)}", err=True)
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
