@@ -295,3 +295,21 @@ def test_transactions_command_tables_are_parsed() -> None:
     assert parse_table("") == []
     with pytest.raises(TransactionsCommandError):
         parse_table("TransactionalId\tCoordinator\nonly-one-cell\n")
+
+
+def test_the_dashboard_imports_as_it_is() -> None:
+    """dashboards/kafka2pc.json: one Prometheus data source input, unique panel ids, every target on it."""
+    import json
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "dashboards" / "kafka2pc.json").read_text())
+    assert [i["name"] for i in dashboard["__inputs"]] == ["DS_PROMETHEUS"]
+    assert dashboard["uid"] == "kafka2pc" and dashboard["title"] == "kafka2pc" and dashboard["id"] is None
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    queries = [p for p in panels if p["type"] != "row"]
+    assert len(queries) == 12
+    for panel in queries:
+        assert panel["datasource"]["uid"] == "${DS_PROMETHEUS}" and panel["targets"], panel["title"]
+        assert all(t["datasource"]["uid"] == "${DS_PROMETHEUS}" and t["expr"] for t in panel["targets"])
+        assert panel["description"], panel["title"]
