@@ -20,8 +20,9 @@ One module per group of commands: :mod:`._transactions` (list, describe,
 complete, force-terminate), :mod:`._partitions` (describe-producers,
 find-hanging, abort), :mod:`._recovery` (in-doubt, recover) and
 :mod:`._stats` (stats, pending-offsets, ``--watch``); the policy for stuck
-transactions is :mod:`._stuck` (``find-hanging --older-than``), the
-OpenTelemetry exporter :mod:`._otel` (``stats --otel``); :mod:`._options`
+transactions is :mod:`._stuck` (``stuck``; ``find-hanging --older-than`` is its
+deprecated spelling), the OpenTelemetry exporter :mod:`._otel` (``stats --otel``)
+and the Prometheus endpoint :mod:`._prometheus` (``stats --prometheus``); :mod:`._options`
 holds what the commands share, :mod:`._probe` the fast unreachable check.
 """
 
@@ -34,7 +35,7 @@ try:
 except ImportError as exc:
     raise missing_extra(exc, extra="cli", feature="the kafka2pc command line") from exc
 
-from . import _partitions, _recovery, _stats, _transactions  # noqa: F401  (each registers its commands on cli)
+from . import _partitions, _recovery, _stats, _stuck, _transactions  # noqa: F401  (each registers its commands on cli)
 from ._errors import ExitCode
 from ._group import cli
 

@@ -51,6 +51,9 @@ class ExitCode(enum.IntEnum):
     """The broker lacks an API the command needs."""
     INDEFINITE = 9
     """A commit/abort got no answer: its outcome is not known yet; run the command again."""
+    ATTENTION = 10
+    """Done as asked, with items left for a person (``stuck --abort --yes`` refused to abort a
+    transaction the database committed: settle it with ``recover``).  Not a failure."""
 
 
 class CliFailure(Exception):

@@ -8,7 +8,9 @@ also prints the error as a JSON document on stdout.
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import click
 
@@ -39,7 +41,39 @@ def _wants_json(args: list[str]) -> bool:
     return False
 
 
+def _hint(exc: click.UsageError) -> str:
+    ctx = exc.ctx
+    if ctx is None:
+        return ""
+    help_option = ctx.help_option_names[0] if ctx.help_option_names else "--help"
+    return f" (see '{ctx.command_path} {help_option}')"
+
+
 class _Kafka2pcGroup(click.Group):
+    def main(  # type: ignore[override]  # always exits, as click's standalone mode does
+        self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
+    ) -> NoReturn:
+        """Click's standalone ``main``, except that every error is one line on stderr.
+
+        Click prints a usage error on three lines (usage, a hint, the error);
+        here it is ``Error: <message> (see 'kafka2pc CMD --help')``.
+        """
+        try:
+            result = super().main(args, prog_name, standalone_mode=False, **extra)
+        except click.UsageError as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `kafka2pc` alone: the help, as click prints it
+                exc.show()
+                sys.exit(exc.exit_code)
+            click.echo(f"Error: {' '.join(exc.format_message().split())}{_hint(exc)}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"Error: {' '.join(exc.format_message().split())}", err=True)
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta[META + "json"] = _wants_json(list(args))
         return super().parse_args(ctx, args)
@@ -70,7 +104,8 @@ def cli() -> None:
 
     Exit codes: 0 ok, 1 failure, 2 usage, 3 heuristic outcome found, 4 unknown
     transactional id, 5 Kafka unreachable, 6 authorization failure, 7 database
-    error, 8 unsupported by the broker, 9 outcome not known yet (see https://kafka2pc.github.io/kafka2pc/cli/).
+    error, 8 unsupported by the broker, 9 outcome not known yet, 10 done with
+    items left for a person (see https://kafka2pc.github.io/kafka2pc/cli/).
     With -o json an error is also a JSON document on stdout: {"version": 1,
     "error": {"exit_code": N, "name": "...", "message": "..."}}.
     """

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from ._errors import CliFailure, ExitCode
-from ._render import parse_duration_ms
+from ._render import parse_duration_s
 
 if TYPE_CHECKING:
     from kafka2pc import TransactionAdmin
@@ -28,13 +29,14 @@ __all__ = [
     "COORDINATOR_STATES",
     "DEFAULT_STATE_TABLE",
     "DEFAULT_TIMEOUT_S",
+    "DURATION",
     "META",
+    "Duration",
     "Settings",
     "open_admin",
+    "parse_listen_address",
     "configure_logging",
     "connection_options",
-    "duration_ms",
-    "duration_or_ms",
     "one_transactional_id",
     "output_option",
     "current_settings",
@@ -88,7 +90,7 @@ def connection_options(*, group: bool) -> Callable[[_F], _F]:
                 "as for Apache Kafka's own tools.",
             ),
             click.option(
-                "--timeout", metavar="SECONDS", type=click.FloatRange(min=0.1), expose_value=False,
+                "--timeout", metavar="DURATION", type=Duration(min_s=0.1), expose_value=False,
                 callback=_remember("timeout"),
                 help=f"Give up on an unreachable cluster after this long [default: {DEFAULT_TIMEOUT_S:g}].",
             ),
@@ -111,13 +113,44 @@ def output_option(func: _F) -> _F:
     )(func)
 
 
-def duration_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_duration_ms(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic in click 8.2+, not in 8.1
+    """Every duration option's one syntax: ``90`` (seconds), ``90s``, ``15m``, ``2h``.
+
+    Also ``500ms``, ``1d`` and ``1h30m``.
+
+    The value is a float number of seconds.  ``min_s`` is the smallest accepted.
+    """
+
+    name = "duration"
+
+    def __init__(self, min_s: float = 0.0) -> None:
+        self.min_s = min_s
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            try:
+                seconds = parse_duration_s(str(value))
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        if seconds < self.min_s:
+            self.fail(f"{value!r} is shorter than {self.min_s:g} s", param, ctx)
+        return seconds
+
+
+DURATION = Duration()
+
+
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """``":9464"`` -> ``("0.0.0.0", 9464)``; ``"127.0.0.1:9464"`` -> ``("127.0.0.1", 9464)``.
+
+    Raises :class:`ValueError` for anything else (a port outside 1-65535, no port).
+    """
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not [HOST]:PORT (examples: :9464, 127.0.0.1:9464)")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
 
 
 @dataclass(frozen=True)
@@ -150,6 +183,17 @@ def configure_logging(debug: bool) -> None:
         # The CLI reports outcomes itself; keep library warnings (e.g. kafka-python's
         # connection retries) out of the one-line error output.
         root.addHandler(logging.NullHandler())
+    if not debug:
+        # What the CLI's own long-running modes log at ERROR (a failed stats --otel/--prometheus
+        # collection) is for the operator: on stderr, one line each, without --debug.
+        cli_log = logging.getLogger("kafka2pc.cli")
+        if not any(getattr(h, "_kafka2pc_cli", False) for h in cli_log.handlers):
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setLevel(logging.ERROR)
+            handler.setFormatter(logging.Formatter("%(asctime)s ERROR %(message)s", "%Y-%m-%dT%H:%M:%SZ"))
+            handler.formatter.converter = time.gmtime  # type: ignore[union-attr]
+            handler._kafka2pc_cli = True  # type: ignore[attr-defined]
+            cli_log.addHandler(handler)
 
 
 @contextlib.contextmanager
@@ -210,11 +254,3 @@ def one_transactional_id(positional: str | None, option: str | None) -> str:
     if chosen is None:
         raise click.UsageError("missing the transactional id (TRANSACTIONAL_ID or --transactional-id ID)")
     return chosen
-
-def duration_or_ms(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    """A duration (15m, 90s) or, as kafka-transactions.sh takes it, a number of milliseconds."""
-    if value is None:
-        return None
-    if value.strip().isdigit():
-        return int(value)
-    return duration_ms(ctx, param, value)

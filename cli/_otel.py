@@ -1,23 +1,28 @@
 """``kafka2pc stats --otel``: the cluster-wide figures of ``stats`` as OpenTelemetry gauges.
 
 A small long-running exporter: every ``every_s`` seconds it collects the
-``stats`` document and exports, through OpenTelemetry's SDK (meter
-``kafka2pc.cluster``):
+``stats`` document once and exports it once, through OpenTelemetry's SDK
+(meter ``kafka2pc.cluster``), the instruments of
+:data:`kafka2pc.cli._metrics.METRICS`:
 
-* ``kafka2pc.cluster.partitions.held_back`` (Gauge, {partition}): partitions
-  whose last stable offset an open transaction pins below the high watermark;
-* ``kafka2pc.cluster.records.held_back`` (Gauge, {record}), per ``kafka2pc.prefix``;
-* ``kafka2pc.cluster.transaction.oldest_open.age`` (Gauge, s): per
-  transactional-id prefix (attribute ``kafka2pc.prefix``), the age of its
-  oldest open transaction;
-* ``kafka2pc.cluster.consumer_groups.pending_offsets`` (Gauge, {group}):
-  consumer groups whose offsets are pending in an open transaction.
+* ``kafka2pc.cluster.partitions.held_back`` ({partition}): partitions whose
+  last stable offset is below the high watermark, cluster-wide, each once;
+* ``kafka2pc.cluster.partitions.hanging`` ({partition}): those held back by a
+  transaction no coordinator has open;
+* ``kafka2pc.cluster.prefix.partitions.held_back`` ({partition}) and
+  ``kafka2pc.cluster.records.held_back`` ({record}), per transactional-id
+  prefix (attribute ``kafka2pc.prefix``), each partition counted once;
+* ``kafka2pc.cluster.transaction.oldest_open.age`` (s), per prefix;
+* ``kafka2pc.cluster.transactions.open`` ({transaction}), per coordinator
+  (attribute ``kafka2pc.coordinator_id``);
+* ``kafka2pc.cluster.consumer_groups.pending_offsets`` ({group});
+* ``kafka2pc.cluster.collection.failures`` (Counter, {collection}): failed
+  collections; each is also logged once at ERROR on stderr.
 
 The exporter is OTLP when ``opentelemetry-exporter-otlp`` is installed (set
-``OTEL_EXPORTER_OTLP_ENDPOINT`` as usual), else the console.  Alert on
-``oldest_open.age`` approaching the transaction timeout and on
-``pending_offsets`` > 0 for long.  :class:`ClusterGauges` registers the
-same gauges on any meter provider, for a process that already runs an SDK.
+``OTEL_EXPORTER_OTLP_ENDPOINT`` as usual), else the console.
+:class:`ClusterGauges` registers the same instruments on any meter provider,
+for a process that already runs an SDK.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any
 from kafka2pc import __version__
 from kafka2pc._extras import missing_extra
 
+from ._metrics import COLLECTION_FAILURES, METRICS, PREFIX, SCOPE, ClusterMetric
 from ._render import repeat
 
 try:
@@ -41,17 +47,21 @@ except ImportError as exc:
 
 __all__ = ["PREFIX", "SCOPE", "ClusterGauges", "run_exporter"]
 
-SCOPE = "kafka2pc.cluster"
-PREFIX = "kafka2pc.prefix"
-
 log = logging.getLogger(__name__)
+
+REUSE_S = 1.0
+"""Gauges observed within this long of a collection share it (one collection per export), unless
+:meth:`ClusterGauges.expire` was called since (the exporter's loop does, before each export)."""
 
 
 class ClusterGauges:
     """The ``stats`` figures as observable gauges on ``meter_provider`` (default: the global one).
 
-    ``collect()`` returns a ``stats`` document (:func:`kafka2pc.cli._stats.collect_stats`);
-    it is called at most once per collection, by the first gauge observed.
+    ``collect()`` returns a ``stats`` document (:func:`kafka2pc.cli._stats.collect_stats`).
+    It is called at most once per export, by the first gauge observed (or by
+    :meth:`refresh`).  A collection that raises is logged once at ERROR,
+    counted in ``kafka2pc.cluster.collection.failures`` and exports no gauge
+    points (figures of an earlier collection would be stale).
     """
 
     def __init__(
@@ -61,49 +71,52 @@ class ClusterGauges:
         self._lock = threading.Lock()
         self._doc: dict[str, Any] | None = None
         self._taken: float | None = None
+        self._expired = False
         self.failures = 0
         meter = metrics.get_meter(SCOPE, __version__, meter_provider=meter_provider)
-        for name, callback, unit, description in (
-            ("partitions.held_back", self._partitions, "{partition}",
-             "Partitions whose last stable offset an open transaction holds below the high watermark"),
-            ("records.held_back", self._records, "{record}",
-             "Records held back from read_committed consumers, per transactional-id prefix"),
-            ("transaction.oldest_open.age", self._oldest, "s",
-             "Age of the oldest open transaction, per transactional-id prefix"),
-            ("consumer_groups.pending_offsets", self._pending, "{group}",
-             "Consumer groups whose offsets are pending in an open transaction"),
-        ):
-            meter.create_observable_gauge(f"{SCOPE}.{name}", callbacks=[callback], unit=unit, description=description)
+        for metric in METRICS:
+            meter.create_observable_gauge(metric.otel_name, callbacks=[self._observer(metric)], unit=metric.unit,
+                                          description=metric.description)
+        self._failures = meter.create_counter(COLLECTION_FAILURES.otel_name, unit=COLLECTION_FAILURES.unit,
+                                              description=COLLECTION_FAILURES.description)
+        self._failures.add(0)  # the series exists from the first export on: rate() needs its zero
+
+    def refresh(self) -> dict[str, Any] | None:
+        """Collect now; the document, or ``None`` when the collection failed (logged and counted)."""
+        with self._lock:
+            return self._refresh_locked()
+
+    def _refresh_locked(self) -> dict[str, Any] | None:
+        try:
+            self._doc = self._collect()
+        except Exception as exc:  # noqa: BLE001  (a failed collection is no points, not a dead exporter)
+            from ._errors import classify
+
+            self.failures += 1
+            self._failures.add(1)
+            log.error("kafka2pc stats: collection failed: %s", classify(exc)[1])
+            self._doc = None
+        self._taken = time.monotonic()
+        return self._doc
+
+    def expire(self) -> None:
+        """The next gauge observed collects again (the exporter calls it before each export)."""
+        with self._lock:
+            self._expired = True
 
     def _document(self) -> dict[str, Any] | None:
         with self._lock:
-            if self._taken is None or time.monotonic() - self._taken > 1.0:  # one attempt per collection
-                try:
-                    self._doc = self._collect()
-                except Exception as exc:  # noqa: BLE001  (a failed collection is no points, not a dead exporter)
-                    self.failures += 1
-                    log.error("kafka2pc stats --otel: collection failed: %s", exc)
-                    self._doc = None
-                self._taken = time.monotonic()
+            if self._expired or self._taken is None or time.monotonic() - self._taken > REUSE_S:
+                self._expired = False
+                return self._refresh_locked()
             return self._doc
 
-    def _partitions(self, options: CallbackOptions) -> Iterable[Observation]:
-        doc = self._document()
-        return [] if doc is None else [Observation(len(doc["partitions"]))]
+    def _observer(self, metric: ClusterMetric) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            doc = self._document()
+            return [] if doc is None else [Observation(value, attrs) for value, attrs in metric.points(doc)]
 
-    def _records(self, options: CallbackOptions) -> Iterable[Observation]:
-        doc = self._document()
-        return [] if doc is None else [Observation(p["held_back"], {PREFIX: p["prefix"]}) for p in doc["prefixes"]]
-
-    def _oldest(self, options: CallbackOptions) -> Iterable[Observation]:
-        doc = self._document()
-        return [] if doc is None else [
-            Observation(p["oldest_open_ms"] / 1000.0, {PREFIX: p["prefix"]}) for p in doc["prefixes"]
-        ]
-
-    def _pending(self, options: CallbackOptions) -> Iterable[Observation]:
-        doc = self._document()
-        return [] if doc is None else [Observation(len(doc["pending_offsets"]))]
+        return observe
 
 
 def _exporter() -> Any:
@@ -119,6 +132,29 @@ def _exporter() -> Any:
         return ConsoleMetricExporter()
 
 
+def _on_demand_reader(exporter: Any) -> Any:
+    """A metric reader that exports when asked (``collect()``), and not once more at shutdown.
+
+    The SDK's periodic reader collects and exports a last time when it shuts
+    down: ``--count 1`` then queried Kafka and exported twice.
+    """
+    from opentelemetry.sdk.metrics.export import MetricReader
+
+    class OnDemandReader(MetricReader):
+        def __init__(self) -> None:
+            super().__init__(preferred_temporality=getattr(exporter, "_preferred_temporality", None),
+                             preferred_aggregation=getattr(exporter, "_preferred_aggregation", None))
+
+        def _receive_metrics(self, metrics_data: Any, timeout_millis: float = 10_000, **kwargs: Any) -> None:
+            if metrics_data is not None:
+                exporter.export(metrics_data, timeout_millis=timeout_millis)
+
+        def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+            exporter.shutdown(timeout_millis=timeout_millis)
+
+    return OnDemandReader()
+
+
 def run_exporter(
     collect: Callable[[], dict[str, Any]],
     *,
@@ -126,30 +162,32 @@ def run_exporter(
     count: int | None = None,
     exporter: Any = None,
     timeout_s: float = 15.0,
-) -> None:
-    """Export the gauges every ``every_s`` seconds, ``count`` times (``None``: until Ctrl-C).
+) -> ClusterGauges:
+    """Collect and export the gauges every ``every_s`` seconds, ``count`` times (``None``: until Ctrl-C).
 
-    ``timeout_s`` bounds one collection, ``collect()`` and the SDK's work (the
-    caller bounds ``collect()`` itself by less); a collection past it is logged
-    at ERROR and exports no points, and the exporter goes on.
+    Each cycle collects once and exports once.  ``timeout_s`` bounds one
+    collection, ``collect()`` and the SDK's work (the caller bounds
+    ``collect()`` itself by less); a collection past it is logged at ERROR
+    and exports no points, and the exporter goes on.
     """
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
     if exporter is None:
         exporter = _exporter()
-    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=10**9)  # exported below, by hand
+    reader = _on_demand_reader(exporter)
     provider = MeterProvider(metric_readers=[reader])
-    ClusterGauges(collect, meter_provider=provider)
+    gauges = ClusterGauges(collect, meter_provider=provider)
     try:
-        repeat(every_s, count, lambda: _collect_once(reader, timeout_s))
+        repeat(every_s, count, lambda: _collect_once(gauges, reader, timeout_s))
     finally:
         provider.shutdown()
+    return gauges
 
 
-def _collect_once(reader: Any, timeout_s: float) -> None:
+def _collect_once(gauges: ClusterGauges, reader: Any, timeout_s: float) -> None:
     from opentelemetry.sdk.metrics import MetricsTimeoutError
 
+    gauges.expire()
     try:
         reader.collect(timeout_millis=timeout_s * 1000.0)
     except MetricsTimeoutError:  # a slow collection exports nothing this time; the exporter goes on

@@ -10,10 +10,9 @@ from ._errors import CliFailure, ExitCode
 from ._group import cli
 from ._options import (
     DEFAULT_STATE_TABLE,
+    DURATION,
     connection_options,
     current_settings,
-    duration_ms,
-    duration_or_ms,
     open_admin,
     output_option,
 )
@@ -76,29 +75,27 @@ def describe_producers_command(topic: str, partition: int, output: str) -> None:
 @click.option("--partition", type=click.IntRange(min=0), metavar="N", help="Only this partition of --topic.")
 @click.option("--broker-id", type=int, metavar="ID", help="Look at every partition this broker leads.")
 @click.option(
-    "--max-transaction-timeout", "max_timeout_ms", callback=duration_or_ms, default=None, metavar="DURATION",
-    help="The cluster's transaction.max.timeout.ms (15m, or milliseconds): an open transaction whose producer "
+    "--max-transaction-timeout", "max_timeout_s", type=DURATION, default=None, metavar="DURATION",
+    help="The cluster's transaction.max.timeout.ms (as a duration: 15m): an open transaction whose producer "
     "wrote last longer ago than this is a candidate [default: 15m].",
 )
 @click.option("--all-open", is_flag=True, help="Also list candidates their coordinator still tracks (not hanging).")
 @click.option(
-    "--older-than", "older_than_ms", callback=duration_ms, default=None, metavar="DURATION",
-    help="Instead: every transaction open at least this long, cluster-wide (coordinator view; 30m, 1h).",
+    "--older-than", "older_than_s", type=DURATION, default=None, metavar="DURATION",
+    help="Deprecated: 'kafka2pc stuck --older-than DURATION' (the same options follow it).",
 )
-@click.option("--abort", "abort", is_flag=True,
-              help="With --older-than: abort them (dry run unless --yes), except those the database committed.")
-@click.option("--yes", "-y", is_flag=True, help="With --abort: really abort.")
-@click.option("--db-url", metavar="URL",
-              help="With --older-than: SQLAlchemy URL of the database holding the dual write's state table.")
+@click.option("--abort", "abort", is_flag=True, help="Deprecated, with --older-than: see 'kafka2pc stuck'.")
+@click.option("--yes", "-y", is_flag=True, help="Deprecated, with --older-than: see 'kafka2pc stuck'.")
+@click.option("--db-url", metavar="URL", help="Deprecated, with --older-than: see 'kafka2pc stuck'.")
 @click.option("--table", default=DEFAULT_STATE_TABLE, show_default=True, metavar="NAME",
-              help="The dual write's state table (schema.table allowed).")
-@click.option("--lease-table", metavar="NAME", help="A WriterPool's lease table, if any (schema.table allowed).")
-@click.option("--no-db", is_flag=True, help="With --abort: no state table to check (every stuck id is aborted).")
+              help="Deprecated, with --older-than: see 'kafka2pc stuck'.")
+@click.option("--lease-table", metavar="NAME", help="Deprecated, with --older-than: see 'kafka2pc stuck'.")
+@click.option("--no-db", is_flag=True, help="Deprecated, with --older-than: see 'kafka2pc stuck'.")
 @output_option
 @connection_options(group=False)
 def find_hanging_command(
-    topic: str | None, partition: int | None, broker_id: int | None, max_timeout_ms: int | None, all_open: bool,
-    older_than_ms: int | None, abort: bool, yes: bool, db_url: str | None, table: str, lease_table: str | None,
+    topic: str | None, partition: int | None, broker_id: int | None, max_timeout_s: float | None, all_open: bool,
+    older_than_s: float | None, abort: bool, yes: bool, db_url: str | None, table: str, lease_table: str | None,
     no_db: bool, output: str,
 ) -> None:
     """Transactions a partition holds open although no coordinator does: they pin its last stable offset.
@@ -108,30 +105,32 @@ def find_hanging_command(
     is HANGING unless a coordinator has that producer id's transaction open
     with this partition in it.  End a hanging one with 'kafka2pc abort'.
     A prepared two-phase-commit transaction whose owner died is not hanging
-    (its coordinator tracks it): settle it with 'complete' or 'recover'.
+    (its coordinator tracks it): settle it with 'complete' or 'recover', or
+    apply the policy for stuck transactions with 'kafka2pc stuck'.
 
-    With --older-than DURATION: every transaction open that long, across the
-    cluster.  Add --abort to abort them (and fence their producers): a dry run
-    unless --yes.  An id whose row in the state table (--db-url, --table)
-    names the open transaction was committed by the database: it is never
-    aborted (that would be a heuristic outcome); the report says so, and
-    'kafka2pc recover' commits it.  One audit line per decision on stderr.
+    --older-than (and --abort, --yes, --db-url, --table, --lease-table,
+    --no-db) is the deprecated spelling of 'kafka2pc stuck'.
     """
-    from kafka2pc import TransactionAdmin
-
-    if older_than_ms is not None:
+    if older_than_s is not None:
         if topic is not None or broker_id is not None or partition is not None:
             raise click.UsageError("--older-than looks at the whole cluster: no --topic, --partition or --broker-id")
-        _stuck_command(older_than_ms, abort=abort, yes=yes, db_url=db_url, table=table, lease_table=lease_table,
-                       no_db=no_db, output=output)
+        from ._stuck import run_stuck
+
+        click.echo("warning: 'find-hanging --older-than' is deprecated; use 'kafka2pc stuck --older-than' "
+                   "(same options)", err=True)
+        run_stuck(older_than_s, abort=abort, yes=yes, db_url=db_url, table=table, lease_table=lease_table,
+                  no_db=no_db, output=output, command="find-hanging")
         return
+    from kafka2pc import TransactionAdmin
+
     if abort or db_url is not None or lease_table is not None:
         raise click.UsageError("--abort, --db-url and --lease-table go with --older-than")
     if (topic is None) == (broker_id is None):
         raise click.UsageError("give --topic TOPIC [--partition N] or --broker-id ID")
     if partition is not None and topic is None:
         raise click.UsageError("--partition needs --topic")
-    limit = TransactionAdmin.DEFAULT_MAX_TRANSACTION_TIMEOUT_MS if max_timeout_ms is None else max_timeout_ms
+    limit = (TransactionAdmin.DEFAULT_MAX_TRANSACTION_TIMEOUT_MS if max_timeout_s is None
+             else round(max_timeout_s * 1000))
     with open_admin() as admin:
         tps = admin.partitions(
             topic=topic, partition=partition, broker_id=broker_id, timeout=current_settings().timeout_s
@@ -159,49 +158,6 @@ def find_hanging_command(
             for o in shown
         ],
     ))
-
-
-def _stuck_command(
-    older_than_ms: int, *, abort: bool, yes: bool, db_url: str | None, table: str, lease_table: str | None,
-    no_db: bool, output: str,
-) -> None:
-    from ._stuck import stuck_rows, stuck_transactions
-
-    if abort and db_url is None and not no_db:
-        raise click.UsageError(
-            "--abort needs --db-url (the state table says which transactions the database committed); "
-            "--no-db aborts without that check"
-        )
-    timeout_s = current_settings().timeout_s
-    states: dict[str, str | None] = {}
-    leased: set[str] = set()
-    if db_url is not None:
-        from ._statedb import read_ids, read_states
-
-        states = {row.transactional_id: row.prepared_txn_state for row in read_states(db_url, table,
-                                                                                        timeout_s=timeout_s)}
-        if lease_table is not None:
-            leased = read_ids(db_url, lease_table, timeout_s=timeout_s)
-    with open_admin() as admin:
-        entries = stuck_transactions(admin, older_than_ms, states=states, leased=leased, abort=abort,
-                                     dry_run=not yes)
-    refused = sum(e["action"] == "refuse" for e in entries)
-    if output == "json":
-        click.echo(dump_json({
-            "version": JSON_VERSION, "command": "find-hanging", "older_than_ms": older_than_ms,
-            "abort": abort, "dry_run": abort and not yes, "transactions": entries,
-        }))
-    elif not entries:
-        click.echo(f"no transaction open {format_duration(older_than_ms)} or longer")
-    else:
-        click.echo(stuck_rows(entries))
-        if abort and not yes:
-            click.echo("dry run: nothing was aborted (pass --yes to abort the WOULD-ABORT ones)")
-        if refused:
-            click.echo(f"HEURISTIC if aborted: {refused} transaction(s) the database committed were not aborted; "
-                       "settle them with 'kafka2pc recover'")
-    if abort and yes and refused:
-        click.get_current_context().exit(int(ExitCode.FAILURE))
 
 
 @cli.command("abort")

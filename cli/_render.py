@@ -27,6 +27,7 @@ __all__ = [
     "format_duration",
     "open_transaction_json",
     "parse_duration_ms",
+    "parse_duration_s",
     "producer_json",
     "render_table",
     "repeat",
@@ -56,8 +57,20 @@ def parse_duration_ms(text: str) -> int:
         total += float(match[1]) * _UNITS_MS[match[2]]
         position = match.end()
     if not compact or position != len(compact):
-        raise ValueError(f"{text!r} is not a duration (examples: 90s, 15m, 1h, 1h30m, 500ms, 0s)")
+        raise ValueError(f"{text!r} is not a duration (examples: 90, 90s, 15m, 2h, 1h30m, 500ms)")
     return int(total)
+
+
+def parse_duration_s(text: str) -> float:
+    """A duration in seconds: a plain number is seconds (``"90"``, ``"1.5"``); else as :func:`parse_duration_ms`.
+
+    >>> parse_duration_s("90"), parse_duration_s("90s"), parse_duration_s("15m"), parse_duration_s("2h")
+    (90.0, 90.0, 900.0, 7200.0)
+    """
+    compact = text.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", compact):
+        return float(compact)
+    return parse_duration_ms(compact) / 1000.0
 
 
 def format_duration(ms: int | None) -> str:

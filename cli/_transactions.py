@@ -11,8 +11,8 @@ from ._errors import CliFailure, ExitCode
 from ._group import cli
 from ._options import (
     COORDINATOR_STATES,
+    DURATION,
     connection_options,
-    duration_ms,
     one_transactional_id,
     open_admin,
     output_option,
@@ -37,8 +37,8 @@ __all__ = ["describe_text"]
 
 @cli.command("list")
 @click.option(
-    "--min-open", callback=duration_ms, default=None, metavar="DURATION",
-    help="Only transactions open at least this long (90s, 15m, 1h; 0s = every open one).",
+    "--min-open", type=DURATION, default=None, metavar="DURATION",
+    help="Only transactions open at least this long (90, 90s, 15m, 2h; 0 = every open one).",
 )
 @click.option(
     "--state", "states", multiple=True, metavar="STATE",
@@ -47,10 +47,10 @@ __all__ = ["describe_text"]
 )
 @output_option
 @connection_options(group=False)
-def list_command(min_open: int | None, states: tuple[str, ...], output: str) -> None:
+def list_command(min_open: float | None, states: tuple[str, ...], output: str) -> None:
     """Transactions across the cluster, oldest first, with the records each holds back."""
     with open_admin() as admin:
-        infos = admin.list_transactions(min_open_s=None if min_open is None else min_open / 1000, states=states)
+        infos = admin.list_transactions(min_open_s=min_open, states=states)
     if output == "json":
         click.echo(dump_json({"version": JSON_VERSION, "transactions": [transaction_json(i) for i in infos]}))
         return

@@ -387,6 +387,26 @@ class TransactionAdmin:
         return metadata_partitions(self._config, topic=topic, partition=partition, broker_id=broker_id,
                                    timeout_s=self.timeout_s if timeout is None else timeout)
 
+    def held_back_partitions(
+        self, *, topics: Collection[str] | None = None, timeout: float | None = None
+    ) -> list[PartitionLag]:
+        """Every partition (of every topic, or of ``topics``) whose last stable offset is below its high watermark.
+
+        Asks the partition leaders, not the coordinators, so it also finds a
+        partition held back by a *hanging* transaction (one no coordinator
+        has open).  Cost: one Metadata request and two ListOffsets requests
+        per broker, whatever the number of partitions (a partition whose
+        leader answered with an error is asked again on its own).
+        ``timeout`` bounds the whole call.  A record appended between the
+        two readings can show a partition held back for a moment: confirm it
+        with :meth:`describe_producers` (a held-back partition has a producer
+        with ``current_txn_start_offset`` equal to its last stable offset).
+        """
+        from kafka2pc._control._lag import held_back_partitions
+
+        with self._ctrl.deadline(timeout):
+            return held_back_partitions(self._ctrl, topics=topics)
+
     def find_hanging_transactions(
         self,
         partitions: Iterable[TopicAndPartition],
@@ -464,13 +484,36 @@ class TransactionAdmin:
         ``require_stable`` answers ``UNSTABLE_OFFSET_COMMIT`` and a consumer
         (re)starting in the group waits.  The transaction holding a group's
         offsets lists :meth:`consumer_offsets_partition` of the group among its
-        partitions.  Only partitions that also have a committed offset are
-        reported (as the group coordinator does).  ``timeout`` bounds the whole call.
+        partitions.  A brand-new group whose first offsets are pending is
+        reported too.  Cost: none beyond a scan of ``__consumer_offsets``'s
+        offsets (:meth:`held_back_partitions`) when no group has pending
+        offsets; else ``ListGroups`` per broker and one ``OffsetFetch``
+        naming every partition of the cluster per group stored in a held-back
+        ``__consumer_offsets`` partition.  ``timeout`` bounds the whole call.
         """
         from kafka2pc._control._groups import pending_offset_groups
 
         with self._ctrl.deadline(timeout):
             return pending_offset_groups(self._ctrl)
+
+    def pending_offset_holders(
+        self, group_ids: Collection[str], *, timeout: float | None = None
+    ) -> dict[str, list[int]]:
+        """Per group: the producer ids whose open transaction holds the group's pending offsets.
+
+        Several groups share a ``__consumer_offsets`` partition, so the
+        transactions a coordinator lists with that partition may hold another
+        group's offsets.  This reads the partition's open transactional
+        records (from the first open transaction there to its end, at most
+        16 MiB; past that every producer with a transaction open there is
+        given) and names, per group, the producers whose records carry its
+        offsets.  Map a producer id to its transactional id with
+        :meth:`list_transactions`.  ``timeout`` bounds the whole call.
+        """
+        from kafka2pc._control._groups import pending_offset_holders
+
+        with self._ctrl.deadline(timeout):
+            return pending_offset_holders(self._ctrl, group_ids)
 
     def consumer_offsets_partition(self, group_id: str, *, timeout: float | None = None) -> TopicAndPartition:
         """The ``__consumer_offsets`` partition that stores ``group_id``'s offsets (as the broker picks it)."""

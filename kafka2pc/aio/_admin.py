@@ -187,6 +187,12 @@ class AsyncTransactionAdmin:
         """The last stable offset and high watermark of ``partition``."""
         return await self._call(functools.partial(self._sync.partition_lag, partition, timeout=timeout))
 
+    async def held_back_partitions(
+        self, *, topics: Collection[str] | None = None, timeout: float | None = None
+    ) -> list[PartitionLag]:
+        """Every partition whose last stable offset is below its high watermark (see the sync method)."""
+        return await self._call(functools.partial(self._sync.held_back_partitions, topics=topics, timeout=timeout))
+
     async def find_hanging_transactions(
         self,
         partitions: Iterable[TopicAndPartition],
@@ -233,6 +239,12 @@ class AsyncTransactionAdmin:
     async def pending_offset_groups(self, *, timeout: float | None = None) -> dict[str, list[TopicAndPartition]]:
         """Consumer groups whose committed offsets are pending in an open transaction, with those partitions."""
         return await self._call(functools.partial(self._sync.pending_offset_groups, timeout=timeout))
+
+    async def pending_offset_holders(
+        self, group_ids: Collection[str], *, timeout: float | None = None
+    ) -> dict[str, list[int]]:
+        """Per group: the producer ids whose open transaction holds its pending offsets (see the sync method)."""
+        return await self._call(functools.partial(self._sync.pending_offset_holders, group_ids, timeout=timeout))
 
     async def consumer_offsets_partition(self, group_id: str, *, timeout: float | None = None) -> TopicAndPartition:
         """The ``__consumer_offsets`` partition that stores ``group_id``'s offsets (as the broker picks it)."""

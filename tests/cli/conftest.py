@@ -220,6 +220,129 @@ def assert_documented_shape(document: Any, kind: str) -> None:
     Draft202012Validator({**schema, "oneOf": [{"$ref": f"#/$defs/{kind}"}]}).validate(document)
 
 
+def measured_offsets(bootstrap: str, topic: str, partition: int) -> tuple[int, int]:
+    """``(last stable offset, high watermark)`` of a partition, measured with plain confluent-kafka.
+
+    librdkafka asks ListOffsets with the consumer's ``isolation.level``: the
+    latest offset is the LSO under ``read_committed``, the high watermark
+    under ``read_uncommitted``.  Independent of kafka2pc's own ``partition_lag``.
+    """
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+    found = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kafka2pc-tests-offsets",
+                             "isolation.level": isolation, "enable.auto.commit": False})
+        try:
+            _, latest = consumer.get_watermark_offsets(KafkaTopicPartition(topic, partition), timeout=30,
+                                                       cached=False)
+        finally:
+            consumer.close()
+        found.append(int(latest))
+    return found[0], found[1]
+
+
+@dataclass(frozen=True)
+class HangingTransaction:
+    """A transaction open on one partition that no coordinator knows (see :func:`make_hanging_transaction`)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    records: int
+    written_ms: int
+
+
+def make_hanging_transaction(
+    bootstrap: str, topic: str, partition: int, records: int, *, producer_id: int | None = None
+) -> HangingTransaction:
+    """Write ``records`` transactional records to ``topic``-``partition`` that no coordinator will ever end.
+
+    The transaction is KIP-664's hanging transaction, made reliably: the
+    partition's leader is told not to check transactional writes with the
+    coordinator (``transaction.partition.verification.enable=false``, KIP-890
+    part 1's guard, set as a dynamic config on every broker and removed
+    after), and a transactional ``Produce`` (v9, before KIP-890 part 2's
+    implicit AddPartitionsToTxn) is sent with a producer id no coordinator
+    ever handed out, without ``AddPartitionsToTxn``, through kafka-python
+    (the control plane's client).  The records carry a timestamp one hour
+    old, so ``find-hanging`` (default 15 minutes) sees the producer as stale.
+    ``producer_id`` defaults to a random one no broker hands out this early.
+    """
+    import random
+
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+    from kafka.protocol.producer.produce import ProduceRequest
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    from kafka2pc import TransactionAdmin
+    from kafka2pc._types import TopicPartition
+
+    key = "transaction.partition.verification.enable"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    brokers = sorted(admin.list_topics(timeout=30).brokers)
+
+    def alter(value: str | None) -> None:  # librdkafka takes one BROKER resource per call
+        op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+        for broker in brokers:
+            resource = ConfigResource("BROKER", str(broker), incremental_configs=[
+                ConfigEntry(key, value, incremental_operation=op)])
+            for future in admin.incremental_alter_configs([resource]).values():
+                future.result(30)
+
+    def effective() -> set[str]:
+        return {future.result(30)[key].value for broker in brokers
+                for future in admin.describe_configs([ConfigResource("BROKER", str(broker))]).values()}
+
+    if producer_id is None:
+        producer_id = random.randrange(10**12, 2 * 10**12)
+    written_ms = int(time.time() * 1000) - 3_600_000
+    batch = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=producer_id,
+                                      producer_epoch=0, base_sequence=0, batch_size=1 << 20)
+    for i in range(records):
+        batch.append(i, timestamp=written_ms, key=None, value=f"hanging-{producer_id}-r{i}".encode(), headers=[])
+    request = ProduceRequest(
+        transactional_id=f"hanging-{producer_id}", acks=-1, timeout_ms=30_000,
+        topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=[
+            ProduceRequest.TopicProduceData.PartitionProduceData(index=partition, records=bytes(batch.build()))])],
+        min_version=3, max_version=9,
+    )
+    alter("false")
+    try:
+        deadline = time.monotonic() + 30
+        while effective() != {"false"}:
+            assert time.monotonic() < deadline, "the brokers did not take transaction.partition.verification.enable"
+            time.sleep(0.2)
+        with TransactionAdmin({"bootstrap.servers": bootstrap}) as kafka:
+            ctrl = kafka.control_plane
+            tp = TopicPartition(topic, partition)
+            call = ctrl._call_deadline(30)
+
+            async def produce(client: Any, leader: int) -> Any:
+                return await ctrl._send(client, request, leader, call, "hanging Produce")
+
+            response = ctrl._on_leader(tp, "hanging Produce", call, produce)
+        [answer] = [p for t in response.responses for p in t.partition_responses]
+        assert answer.error_code == 0, response
+    finally:
+        alter(None)
+    return HangingTransaction(topic, partition, producer_id, records, written_ms)
+
+
+def transactions_command(bootstrap: str, *args: str) -> list[dict[str, str]]:
+    """Kafka's own ``TransactionsCommand`` (``kafka-transactions.sh``): the independent judge."""
+    from kafka2pc.testing.kafka_tools import transactions_command as run
+
+    return run(bootstrap, *args)
+
+
+@pytest.fixture
+def kafka_judge(kafka_bootstrap: str) -> Callable[..., list[dict[str, str]]]:
+    """``kafka_judge("list")``: Kafka's own TransactionsCommand against the test broker (its table's rows)."""
+    return lambda *args: transactions_command(kafka_bootstrap, *args)
+
+
 @dataclass(frozen=True)
 class CliHarness:
     """The helpers above, for module-scoped fixtures (test modules do not import conftest)."""
@@ -228,11 +351,15 @@ class CliHarness:
     spawn_killed: Callable[..., dict[str, PreparedTxn]]
     reap: Callable[[list[subprocess.Popen[bytes]]], None]
     assert_documented_shape: Callable[[Any, str], None]
+    measured_offsets: Callable[[str, str, int], tuple[int, int]] = measured_offsets
+    make_hanging_transaction: Callable[..., HangingTransaction] = make_hanging_transaction
+    transactions_command: Callable[..., list[dict[str, str]]] = transactions_command
+    console_script: Callable[[], str] = console_script
 
 
 @pytest.fixture(scope="session")
 def cli_harness() -> CliHarness:
-    """:class:`CliHarness`: ``run_cli``, ``spawn_killed``, ``reap``, ``assert_documented_shape``."""
+    """:class:`CliHarness`: ``run_cli``, ``spawn_killed``, ``reap``, ``assert_documented_shape``, the judges."""
     return CliHarness(run_cli, spawn_killed, reap, assert_documented_shape)
 
 

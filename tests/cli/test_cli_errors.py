@@ -28,7 +28,7 @@ Measured from the command's start, after Python's start-up and imports, which
 take seconds of their own on a loaded machine (conftest.run_cli_timed)."""
 
 COMMANDS = (
-    ["list"], ["describe", "x"], ["stats"], ["pending-offsets"], ["find-hanging", "--older-than", "30m"],
+    ["list"], ["describe", "x"], ["stats"], ["pending-offsets"], ["stuck", "--older-than", "30m"],
     ["describe-producers", "--topic", "t", "--partition", "0"], ["force-terminate", "x", "--yes"],
     ["complete", "x", "-1:-1"],
 )
@@ -71,7 +71,7 @@ def test_a_silent_broker_fails_within_the_timeout(run_kafka2pc_timed: Callable[.
         conn.execute(sa.text("INSERT INTO kafka_transaction_state VALUES ('x', '', CURRENT_TIMESTAMP)"))
     engine.dispose()
     with silent_broker() as address:
-        for args in (["list"], ["stats"], ["find-hanging", "--older-than", "30m"],
+        for args in (["list"], ["stats"], ["stuck", "--older-than", "30m"],
                      ["describe-producers", "--topic", "t", "--partition", "0"],
                      ["in-doubt", "--db-url", f"sqlite:///{db}"]):
             run, seconds = run_kafka2pc_timed("--timeout", "2", *args, "-b", address)
@@ -146,3 +146,93 @@ def test_database_errors(
     assert run.returncode == ExitCode.DATABASE and "database error" in one_line_error(run)
     run = kafka_cli("in-doubt", "--db-url", "not a url")
     assert run.returncode == ExitCode.DATABASE, run
+
+
+BAD_COMMAND_LINES = (
+    ["nope"], ["list", "--foo"], ["list", "--min-open", "soon"], ["list", "--state", "Sleeping"], ["in-doubt"],
+    ["describe"], ["stats", "--watch", "0"], ["stats", "--count", "0"], ["stats", "--prometheus", "nowhere"],
+    ["stats", "--otel", "--prometheus", ":9464"], ["stuck"], ["stuck", "--older-than", "1h", "--yes"],
+    ["stuck", "--older-than", "1h", "--abort"], ["find-hanging"], ["abort", "--topic", "t"],
+    ["--timeout", "abc", "list"], ["complete", "x"], ["describe-producers", "--topic", "t"],
+    ["find-hanging", "--max-transaction-timeout", "later", "--topic", "t"], ["list", "-o", "yaml"],
+)
+
+
+def test_every_usage_error_is_one_line(run_kafka2pc: Callable[..., Any]) -> None:
+    refused = f"127.0.0.1:{closed_port()}"  # a command line that parsed would fail with exit code 5 instead
+    for args in BAD_COMMAND_LINES:
+        run = run_kafka2pc(*args, "-b", refused) if args != ["nope"] else run_kafka2pc(*args)
+        assert run.returncode == ExitCode.USAGE, run
+        one_line_error(run)
+        assert "Usage:" not in run.stderr and "Try '" not in run.stderr, run
+
+
+def test_one_duration_syntax(kafka_cli: Callable[..., Any], topic_factory: Callable[..., str]) -> None:
+    """``90``, ``90s``, ``15m`` and ``2h`` wherever a duration goes; a plain number is seconds."""
+    topic = topic_factory()
+    for duration in ("90", "90s", "15m", "2h"):
+        for args in (["list", "--min-open", duration], ["stuck", "--older-than", duration],
+                     ["find-hanging", "--topic", topic, "--max-transaction-timeout", duration],
+                     ["stats", "--watch", duration, "--count", "1"]):
+            run = kafka_cli("--timeout", duration, *args)
+            assert run.returncode == 0, run
+    listed = kafka_cli("find-hanging", "--topic", topic, "--max-transaction-timeout", "90", "-o", "json")
+    assert listed.json()["max_transaction_timeout_ms"] == 90_000, listed
+    stuck = kafka_cli("stuck", "--older-than", "2h", "-o", "json")
+    assert stuck.json()["older_than_ms"] == 7_200_000, stuck
+
+
+def _exports(stdout: str) -> list[dict[str, Any]]:
+    import json
+
+    decoder, docs, at = json.JSONDecoder(), [], 0
+    while True:
+        while at < len(stdout) and stdout[at].isspace():
+            at += 1
+        if at >= len(stdout):
+            return docs
+        doc, at = decoder.raw_decode(stdout, at)
+        docs.append(doc)
+
+
+def test_a_failed_collection_is_logged_at_error_and_counted(run_kafka2pc: Callable[..., Any]) -> None:
+    """``stats --otel`` and ``--prometheus`` against a silent broker: one ERROR line each, without --debug."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with silent_broker() as address:
+        run = run_kafka2pc("--timeout", "2", "stats", "--otel", "--count", "1", "-b", address)
+        assert run.returncode == 0, run
+        errors = [line for line in run.stderr.splitlines() if " ERROR " in line]
+        assert len(errors) == 1 and "collection failed: Kafka unreachable" in errors[0], run
+        [export] = _exports(run.stdout)
+        points = {m["name"]: [p["value"] for p in m["data"]["data_points"]]
+                  for r in export["resource_metrics"] for s in r["scope_metrics"] for m in s["metrics"]}
+        assert points.pop("kafka2pc.cluster.collection.failures") == [1], points
+        assert not any(points.values()), points  # no stale figures
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "kafka2pc"), "--timeout", "2", "stats", "--prometheus", f"127.0.0.1:{port}",
+                                 "--watch", "60", "-b", address], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            deadline, text = time.monotonic() + 60, ""
+            while "kafka2pc_cluster_collection_failures_total 1.0" not in text:
+                assert time.monotonic() < deadline and proc.poll() is None, text
+                time.sleep(0.5)
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:  # noqa: S310
+                        text = answer.read().decode()
+                except OSError:
+                    continue
+        finally:
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        assert "kafka2pc_cluster_partitions_held_back" not in text, text
+        errors = [line for line in err.splitlines() if " ERROR " in line]
+        assert len(errors) == 1 and "collection failed: Kafka unreachable" in errors[0], err

@@ -26,6 +26,7 @@ def test_describe_find_and_abort_an_open_transaction_of_a_killed_producer(
     killed_producer: Callable[..., Any],
     kafka_cli: Callable[..., Any],
     documented_shape: Callable[[Any, str], None],
+    kafka_judge: Callable[..., list[dict[str, str]]],
 ) -> None:
     topic = topic_factory(partitions=1)
     tid = f"cli-hanging-{uuid.uuid4().hex[:8]}"
@@ -46,6 +47,7 @@ def test_describe_find_and_abort_an_open_transaction_of_a_killed_producer(
     # Any age: a candidate, but its coordinator tracks it, so it is not hanging...
     strict = kafka_cli("find-hanging", "--topic", topic, "--max-transaction-timeout", "0", "-o", "json")
     assert strict.returncode == 0 and strict.json()["transactions"] == [], strict
+    assert kafka_judge("find-hanging", "--topic", topic, "--max-transaction-timeout", "0") == []  # Kafka agrees
     # ... which --all-open shows, per topic and per broker.
     for scope in (["--topic", topic, "--partition", "0"], ["--broker-id", "1"]):
         shown = kafka_cli("find-hanging", *scope, "--max-transaction-timeout", "0s", "--all-open", "-o", "json")
@@ -79,6 +81,31 @@ def test_describe_find_and_abort_an_open_transaction_of_a_killed_producer(
     assert drain(kafka_bootstrap, topic) == []  # the records are aborted for read_committed readers
     cleanup = kafka_cli("force-terminate", "--transactional-id", tid, "--yes")
     assert cleanup.returncode == 0, cleanup
+
+
+def test_find_hanging_and_abort_agree_with_kafkas_transactions_command(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], kafka_cli: Callable[..., Any],
+    kafka_judge: Callable[..., list[dict[str, str]]], cli_harness: Any,
+) -> None:
+    """A transaction open on a partition that no coordinator knows: kafka2pc and Kafka's own tool both find it."""
+    topic = topic_factory(partitions=2)
+    hanging = cli_harness.make_hanging_transaction(kafka_bootstrap, topic, 1, 3)
+    assert cli_harness.measured_offsets(kafka_bootstrap, topic, 1) == (0, 3)  # plain confluent-kafka
+
+    found = kafka_cli("find-hanging", "--topic", topic, "-o", "json")
+    assert found.returncode == 0, found
+    [row] = found.json()["transactions"]
+    assert (row["partition"], row["producer_id"], row["current_transaction_start_offset"], row["hanging"],
+            row["transactional_id"]) == (1, hanging.producer_id, 0, True, None)
+    judged = kafka_judge("find-hanging", "--topic", topic)
+    assert [(r["Partition"], r["ProducerId"], r["StartOffset"]) for r in judged] == [
+        ("1", str(hanging.producer_id), "0")]
+
+    aborted = kafka_cli("abort", "--topic", topic, "--partition", "1", "--start-offset", "0", "--yes")
+    assert aborted.returncode == 0 and "last stable offset now 4 (high watermark 4)" in aborted.stdout, aborted
+    assert cli_harness.measured_offsets(kafka_bootstrap, topic, 1) == (4, 4)  # 3 records and the abort marker
+    assert kafka_cli("find-hanging", "--topic", topic, "-o", "json").json()["transactions"] == []
+    assert kafka_judge("find-hanging", "--topic", topic, "--max-transaction-timeout", "0") == []
 
 
 def test_find_hanging_needs_a_scope(kafka_cli: Callable[..., Any]) -> None:
