@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import pytest
+from harness.kafka_judge import assert_nothing_open
 from harness.loop import run
 from harness.scenario import Scenario
 
@@ -152,6 +153,7 @@ def test_random_kills_of_a_looping_async_writer(
     assert len(visible_txns) == acked + unacked_kept
     assert unacked_kept >= decisions["commit"]
     assert acked >= rounds  # every life committed at least one transaction before its kill
+    assert_nothing_open(kafka_bootstrap, [s.transactional_id], topics=[s.topic])  # Kafka's own tool agrees
 
 
 def test_transaction_outcome_and_plan_through_the_async_admin(

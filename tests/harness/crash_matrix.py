@@ -26,6 +26,7 @@ from kafka2pc.recipes.dual_write import DualWriter, define_outbox_table, define_
 
 from harness.acks import AckLog
 from harness.dw_crash import RACE_DELAY_EARLY, RACE_DELAY_LATE, Zygote, check_consistency, items_table
+from harness.kafka_judge import assert_nothing_open
 from kafka2pc.testing import create_topic
 
 #: (index of the killed transaction, ORM Session rather than Connection): every run takes the next.
@@ -68,6 +69,8 @@ class SeriesReport:
     rows: int = 0
     records: int = 0
     acknowledged: int = 0
+    tid: str = ""
+    topic: str = ""
     failures: list[str] = field(default_factory=list)
 
 
@@ -140,7 +143,7 @@ def run_series(
     results = workdir / f"{series}.jsonl"
     acks = AckLog(workdir / f"{series}.acks")
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    report = SeriesReport(point, db_kind)
+    report = SeriesReport(point, db_kind, tid=tid, topic=topic)
     want_outcome, allowed = EXPECTED[point]
     outcomes: list[bool] = []
     try:
@@ -220,7 +223,7 @@ def print_reports(reports: list[SeriesReport]) -> None:
               f"  {r.acknowledged:>5}")
 
 
-def check_reports(reports: list[SeriesReport]) -> None:
+def check_reports(reports: list[SeriesReport], bootstrap: str) -> None:
     """Every series ran all its children, through every (transaction, bind) combination, and wrote rows.
 
     The children that were killed in their second transaction had their first acknowledged (two
@@ -233,6 +236,9 @@ def check_reports(reports: list[SeriesReport]) -> None:
         assert r.rows > 0 and r.rows == r.records
         killed_second = sum(n for (crash_txn, _), n in r.combinations.items() if crash_txn == 1)
         assert r.acknowledged == 2 * killed_second, (r.point, r.acknowledged, killed_second)
+    # Kafka's own tool agrees that no series left a transaction open (once for all series: a JVM per call).
+    verdict = assert_nothing_open(bootstrap, [r.tid for r in reports], topics=[r.topic for r in reports])
+    assert set(verdict.states) == {r.tid for r in reports}, verdict.states  # every id reached its coordinator
 
 
 #: How the recovering child dies -> decisions the next recovery may take.
@@ -278,4 +284,5 @@ def run_recovery_kills(
     assert not problems, problems
     assert rows == records == len(RECOVERY_KILLS) * 4  # two transactions of two records per worker
     assert len(acks.ids()) == len(RECOVERY_KILLS) * 2  # each worker's first transaction was acknowledged
+    assert_nothing_open(kafka_bootstrap, [tid], topics=[topic])  # Kafka's own tool agrees
     engine.dispose()

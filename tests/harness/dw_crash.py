@@ -158,6 +158,14 @@ def step_hook(job: dict[str, Any], phase: dict[str, Any]) -> Callable[[Any], Non
     rng = random.Random(job.get("seed", 0))
 
     def hook(step: Step) -> None:
+        if (job.get("kill_broker_at") == step.value and not phase.get("broker_killed")
+                and (phase["name"] == "recover" or phase["txn"] == crash_txn)):
+            # Combined faults: this step of the child's work (or recovery) and the death of a broker (the
+            # transactional id's coordinator) at once; the child goes on.
+            phase["broker_killed"] = True
+            os.kill(job["broker_pid"], signal.SIGKILL)
+            append_record(job["results"], {"run": job["run"], "broker_killed_at": step.value})
+            return
         if (job.get("stop_at") is not None and not phase.get("stopped") and phase["txn"] == crash_txn
                 and step.value == job["stop_at"]):
             # Takeover tests: stop here (SIGSTOP), once (PRODUCED comes once per record), until the

@@ -61,7 +61,7 @@ def test_async_crash_matrix_at_every_step(
     matrix.print_reports(reports)
     failures = [f"{r.point}/{r.db}: {f}" for r in reports for f in r.failures]
     assert not failures, "\n".join(failures)
-    matrix.check_reports(reports)
+    matrix.check_reports(reports, kafka_bootstrap)
     committed = {r.point: r.db_committed for r in reports}
     assert committed["db_committed"] == committed["kafka_committed"] == RUNS  # the decision point
     assert committed["state_stored"] == committed["prepared"] == 0

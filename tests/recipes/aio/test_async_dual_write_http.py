@@ -51,6 +51,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from harness.acks import AckLog, assert_acknowledged
+from harness.kafka_judge import assert_nothing_open
 from harness.procs import REPO
 
 from kafka2pc.testing import create_topic, drain, end_offsets
@@ -264,7 +265,7 @@ def test_fastapi_service_killed_under_load_keeps_rows_and_events_equal(
     topic = create_topic(kafka_bootstrap, partitions=3)
     env = {
         "ORDERS_DATABASE_URL": async_url, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "ORDERS_TOPIC": topic,
-        "ORDERS_TRANSACTIONAL_ID": f"orders-http-{uuid.uuid4().hex[:8]}", "ORDERS_WRITERS": str(WRITERS),
+        "ORDERS_TRANSACTIONAL_ID": (tid_prefix := f"orders-http-{uuid.uuid4().hex[:8]}"), "ORDERS_WRITERS": str(WRITERS),
         "ORDERS_KAFKA_TIMEOUT_S": "30",
     }
     port = port_base() + 1850 + (0 if db_kind == "postgresql" else 1)  # free in every test's block
@@ -286,3 +287,5 @@ def test_fastapi_service_killed_under_load_keeps_rows_and_events_equal(
     assert sum(decisions.values()) > 0, "no recovery decided anything: no kill left a transaction open"
     assert figures["rows"] == figures["events"] >= counts["2xx"]
     assert figures["acknowledged"] == counts["2xx"]
+    verdict = assert_nothing_open(kafka_bootstrap, prefix=tid_prefix, topics=[topic])  # Kafka's own tool agrees
+    assert len(verdict.states) == WRITERS, verdict.states

@@ -35,6 +35,7 @@ import pytest
 import sqlalchemy as sa
 from harness.acks import AckLog
 from harness.dw_crash import check_consistency, items_table
+from harness.kafka_judge import assert_nothing_open
 from harness.pool import pool_engine
 from harness.procs import CpuWaitLog, child_env
 from kafka2pc.recipes.dual_write import WriterPool, define_lease_table
@@ -223,6 +224,7 @@ def _finish(cluster: Cluster, engine: sa.Engine) -> dict[str, Any]:
         problems.append(f"transactions still open after recovery: {still_open}")
     assert not problems, problems
     assert rows == records
+    assert_nothing_open(cluster.bootstrap, last.transactional_ids, topics=[cluster.topic])  # Kafka's own tool agrees
     return {"rows": rows, "acked": len(acked), "errors": errors, "final_settled": len(settled)}
 
 

@@ -71,7 +71,7 @@ def test_crash_matrix(
     print_reports(reports)
     failures = [f"{r.point}/{r.db}: {f}" for r in reports for f in r.failures]
     assert not failures, "\n".join(failures)
-    check_reports(reports)
+    check_reports(reports, kafka_bootstrap)
     committing = next((r for r in reports if r.point == "db_committing"), None)
     if committing is None:  # narrowed by $KAFKA2PC_CRASH_POINTS
         return

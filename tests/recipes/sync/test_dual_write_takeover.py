@@ -62,6 +62,7 @@ import sqlalchemy as sa
 from harness.acks import AckLog
 from harness.crash_matrix import prepare_db, server_url
 from harness.dw_crash import Zygote, check_consistency
+from harness.kafka_judge import assert_nothing_open
 from kafka2pc.recipes.dual_write import DualWriter, define_outbox_table, define_state_table
 
 from kafka2pc.testing import create_topic
@@ -132,6 +133,8 @@ class Cell:
     rows: int = 0
     records: int = 0
     acknowledged: int = 0
+    tid: str = ""
+    topic: str = ""
     locked_out: Counter[str] = field(default_factory=Counter)
     """Runs whose B could not reach the recovery step, by reason (see ``locked_out``)."""
     failures: list[str] = field(default_factory=list)
@@ -156,6 +159,7 @@ def _wait_marker(marker: Path, run: int, timeout: float) -> dict[str, Any] | Non
 def run_cell(cell: Cell, a_zygote: Zygote, b_zygote: Zygote, url: str, bootstrap: str, workdir: Path) -> Cell:
     series = f"to-{uuid.uuid4().hex[:8]}"
     tid, topic = f"dw-{series}", create_topic(bootstrap)
+    cell.tid, cell.topic = tid, topic
     results, marker = workdir / f"{series}.jsonl", workdir / f"{series}.marker"
     acks = AckLog(workdir / f"{series}.acks")
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
@@ -323,6 +327,7 @@ def _run(
     for c in cells:
         assert c.runs == c.target_runs, c.name
         assert c.rows == c.records
+    assert_nothing_open(bootstrap, [c.tid for c in cells], topics=[c.topic for c in cells])  # Kafka's own tool agrees
 
 
 def _cells(db: str, writer_steps: list[str], recovery_steps: list[str]) -> list[Cell]:
