@@ -29,6 +29,7 @@ from harness.acks import AckLog
 from harness.crash_matrix import prepare_db, recover_here
 from harness.dw_crash import Zygote, check_consistency
 from harness.kafka_judge import assert_nothing_open
+from harness.pool import pool_engine
 from harness.procs import TESTS, child_env
 
 from kafka2pc import PreparedTxnState, TransactionAdmin
@@ -327,6 +328,7 @@ def test_coordinator_killed_during_a_pools_orphan_settlement(
     from kafka2pc.recipes.dual_write import Step, WriterPool, define_lease_table, define_state_table
 
     s = _series(cluster, pg_url, tmp_path, "pool")
+    pool_engine(pg_url).dispose()  # the lease table
     lease_s = 2.0
     job = {"db_url": pg_url, "bootstrap": cluster.bootstrap_servers, "prefix": s.series, "size": 3, "threads": 1,
            "lease_s": lease_s, "topic": s.topic, "series": s.series, "worker": "w0", "results": str(s.results),
