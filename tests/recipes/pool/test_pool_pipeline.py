@@ -193,8 +193,8 @@ def _crash_runs(url: str, bootstrap: str, tmp_path: Path, runs: int, label: str,
         # Acknowledged (fsynced by the instances): a row and exactly one read_committed record each.
         rows, records, problems = check_consistency(engine, bootstrap, topic, prefix, acks)
         acked = set(acks.ids())
-        if acked != {e["ok"] for e in lines if "ok" in e}:
-            problems.append("the acknowledged-write log and the results disagree")
+        if not {e["ok"] for e in lines if "ok" in e} <= acked:  # logged first: a kill may fall between the two
+            problems.append("an id in the results is missing from the acknowledged-write log")
         with TransactionAdmin({"bootstrap.servers": bootstrap}) as admin:
             still_open = [f"{prefix}-{i}" for i in range(10)
                           if (info := admin.describe_transaction(f"{prefix}-{i}")) is not None and info.is_open]
