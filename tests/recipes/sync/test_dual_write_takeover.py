@@ -6,9 +6,7 @@ happens to A) a series of runs under one transactional id:
 1. A (a child process) recovers, commits two transactions, and stops itself
    with SIGSTOP at the chosen step of its third;
 2. B (another child) recovers the same id and is killed with SIGKILL at the
-   chosen recovery step, or recovers to the end ("done"); on SQLite, and on
-   PostgreSQL while A holds the row lock, B may find the state row locked
-   (typed ``StateRowLockedError``, nothing changed);
+   chosen recovery step, or recovers to the end ("done");
 3. A is continued (SIGCONT) and finishes its transaction, or is killed (SIGKILL).
 
 Every run must reach the step its cell names: B dies by SIGKILL at its
@@ -16,9 +14,10 @@ recovery step, or (``done``) exits having recovered, with the decision A's
 step implies (``B_DECISIONS``). Where it cannot, the cell says so up front:
 A holds the state row's lock from the start of its transaction on SQLite and
 MySQL/MariaDB, and from its state update to its COMMIT on PostgreSQL with an
-ORM ``Session`` (``locked_out``); there B's claim must fail with
-``StateRowLockedError`` (nothing changed), and the table lists those runs as
-"locked out". Any other exit of B, or of A (0 when continued, SIGKILL when
+ORM ``Session``, and with ``retain_records`` A holds the outbox rows it
+deletes first, which a B recovering to the end waits on after settling Kafka
+(``locked_out``); there B must fail with ``StateRowLockedError`` (nothing
+changed), and the test prints those runs and why. Any other exit of B, or of A (0 when continued, SIGKILL when
 killed), fails the test. Checked too: the error A sees is ``None`` (it
 committed) or ``ProducerFencedError`` (the one documented error of a
 taken-over writer), and after a final recovery I1-I5 hold: every committed
