@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,9 @@ TOOLS_VERSION = "4.4.0"
 MAIN = "org.apache.kafka.tools.TransactionsCommand"
 #: Coordinator states of a transactional id with nothing open.
 FINISHED_STATES = frozenset({"Empty", "CompleteCommit", "CompleteAbort", "Dead"})
+#: Coordinator states of a transaction whose outcome is decided and whose markers are being written.
+COMPLETING_STATES = frozenset({"PrepareCommit", "PrepareAbort"})
+COMPLETING_RETRIES = 3
 TIMEOUT_S = 120.0
 """Bound on one run of the tool (a JVM start plus a few admin requests)."""
 
@@ -51,8 +55,14 @@ def tools_libs() -> Path:
     return fetch_kafka_tools(TOOLS_VERSION)
 
 
+def _java() -> str:
+    """The brokers' Java (``$JAVA_HOME`` first, as ``kafka2pc.testing`` finds it)."""
+    home = os.environ.get("JAVA_HOME")
+    return str(Path(home, "bin", "java")) if home and Path(home, "bin", "java").exists() else "java"
+
+
 def _command(bootstrap: str, *args: str) -> list[str]:
-    return ["java", "-cp", f"{tools_libs()}/*", MAIN, "--bootstrap-server", bootstrap, *args]
+    return [_java(), "-cp", f"{tools_libs()}/*", MAIN, "--bootstrap-server", bootstrap, *args]
 
 
 def _table(output: str) -> list[dict[str, str]]:
@@ -112,8 +122,18 @@ def assert_nothing_open(
     topics: Iterable[str] | None = None,
 ) -> Verdict:
     """Kafka's tool finds none of the test's transactional ids open and no hanging transaction (see
-    :func:`judge`); returns the verdict (``states`` lists the ids it judged)."""
-    verdict = judge(bootstrap, transactional_ids, prefix=prefix, topics=topics)
+    :func:`judge`); returns the verdict (``states`` lists the ids it judged).
+
+    A transaction in ``PrepareCommit`` or ``PrepareAbort`` is being completed (its markers are on their
+    way): it is judged again, up to ``COMPLETING_RETRIES`` times, a second apart. ``Ongoing`` is open.
+    """
+    ids = list(transactional_ids or ())
+    verdict = judge(bootstrap, ids, prefix=prefix, topics=topics)
+    for _ in range(COMPLETING_RETRIES):
+        if not verdict.still_open or set(verdict.still_open.values()) - COMPLETING_STATES:
+            break
+        time.sleep(1.0)
+        verdict = judge(bootstrap, ids, prefix=prefix, topics=topics)
     assert not verdict.still_open, f"Kafka's TransactionsCommand lists open transactions: {verdict.still_open}"
     assert not verdict.hanging, f"Kafka's TransactionsCommand find-hanging: {verdict.hanging}"
     return verdict
