@@ -20,7 +20,7 @@ for line in ${KAFKA2PC_SPARK_LINES:-newest 3.5}; do
   start=$(date +%s)
   echo "test-spark: pyspark $version ($py)" >&2
   if [ "$#" -gt 0 ]; then args=("$@"); else args=(tests/spark); fi
-  "$py" -m pytest -q -p no:cacheprovider "${args[@]}" || status=$?
+  "$py" -m pytest -q -p no:cacheprovider --durations=10 "${args[@]}" || status=$?  # the slowest: the budget in view
   echo "test-spark: pyspark $version finished in $(( $(date +%s) - start ))s (status so far $status)" >&2
 done
 exit "$status"

@@ -12,8 +12,17 @@
 # between broker lines is the coordinator, which the core crash tests already
 # cover on every line through the any_kafka_bootstrap fixture; the asyncio and
 # pool crash tests and the SQLite and MariaDB variants ran on the default line.
+#
+# Randomized tests draw from one seed per run, $KAFKA2PC_SEED (tests/harness/seeds.py): set it to
+# replay a run; without it a new one is drawn here, printed, and shared by every pytest process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The foreachBatch sink's suite (.ci/run runs it on PySpark 3.5 with scripts/test-spark.sh); on PySpark 4 the
+# cluster module also runs the format("kafka2pc") data source's path.
+FOREACHBATCH_MODULES="tests/spark/test_spark_sink.py tests/spark/test_spark_sink_crash.py
+  tests/spark/test_spark_sink_failed_batch.py tests/spark/test_spark_sink_repair.py tests/spark/test_spark_sink_reuse.py
+  tests/spark/test_spark_sink_cluster.py tests/spark/test_repair_check.py"
+if [ "${1:-}" = --foreachbatch-modules ]; then echo $FOREACHBATCH_MODULES; exit 0; fi  # for .ci/run
 KAFKA2PC_EXTRAS=test,spark bash scripts/setup.sh  # the test group (pytest, ...) with sql,postgres,mysql,cli,otel,aio
 if [ -z "${KAFKA2PC_PG_ADMIN_URL:-}" ]; then
   KAFKA2PC_PG_ADMIN_URL=$(bash scripts/start-postgres.sh | tail -n1)
@@ -25,6 +34,11 @@ if [ -z "${KAFKA2PC_MARIADB_URL:-}" ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "test.sh: MariaDB did not start" >&2; exit 1; }
 fi
 export KAFKA2PC_MARIADB_URL
+if [ -z "${KAFKA2PC_SEED:-}" ]; then
+  KAFKA2PC_SEED=$(( (RANDOM << 15 | RANDOM) ))
+fi
+export KAFKA2PC_SEED
+echo "test.sh: KAFKA2PC_SEED=$KAFKA2PC_SEED (set it to replay this run's randomized tests)"
 no_tests() {  # pytest's exit code 5: it collected nothing
   echo "test.sh: pytest collected no tests: that is a failure" >&2
   exit 1
@@ -45,10 +59,14 @@ other_lines() {  # the dual write's decision points on every other broker line, 
   return "$rc"
 }
 deselect=()
-if [ -n "${KAFKA2PC_FOREACHBATCH_CRASH_ELSEWHERE:-}" ]; then
-  # .ci/run runs the foreachBatch sink's driver-kill and repair tests on PySpark 3.5, the line that sink
-  # is for; the main run (the newest PySpark) then leaves them out instead of running them twice.
-  deselect=(--deselect tests/spark/test_spark_sink_crash.py --deselect tests/spark/test_spark_sink_repair.py)
+if [ -n "${KAFKA2PC_FOREACHBATCH_ELSEWHERE:-${KAFKA2PC_FOREACHBATCH_CRASH_ELSEWHERE:-}}" ]; then
+  # .ci/run runs the foreachBatch sink's whole suite on PySpark 3.5, the line that sink is for; the main
+  # run (the newest PySpark) then leaves it out instead of running it twice, and keeps the data source's
+  # tests (PySpark 4 only), its cluster test's data-source path among them.
+  for module in $FOREACHBATCH_MODULES; do
+    [ "$module" = tests/spark/test_spark_sink_cluster.py ] || deselect+=(--ignore="$module")
+  done
+  deselect+=(--deselect "tests/spark/test_spark_sink_cluster.py::test_speculative_copy_then_executor_killed_while_its_task_holds_a_prepared_transaction[foreachBatch]")
 fi
 wipe_blocks() {  # every local broker in the port blocks the full suite uses, stopped and its data deleted
   local base=${KAFKA2PC_PORT_BASE:-20000} block

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from harness.seeds import SEED_ENV, replay_hint, run_seed, seed_for
 
 from kafka2pc.testing.broker import BrokerError, LocalKafka
 
@@ -24,6 +25,35 @@ os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSeri
 
 LEGACY_KAFKA_VERSION = os.environ.get("KAFKA_LEGACY_VERSION", "3.9.2")
 PREVIOUS_KAFKA_VERSION = os.environ.get("KAFKA_PREVIOUS_VERSION", "4.3.1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Draw the run's seed before pytest-xdist starts its workers: they inherit it through the environment."""
+    run_seed()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"{SEED_ENV}={run_seed()} (randomized tests draw from it; set it to replay a run)"
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """This test's seed, derived from ``$KAFKA2PC_SEED`` and its node id (harness.seeds); printed, and named
+    in the report when the test fails."""
+    hint = replay_hint(request.node.nodeid)
+    print(f"\n{hint}")
+    request.node.user_properties.append((SEED_ENV, hint))
+    return seed_for(request.node.nodeid)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    report: pytest.TestReport = yield
+    if report.failed:
+        for name, value in item.user_properties:
+            if name == SEED_ENV:
+                report.sections.append(("seed", str(value)))
+    return report
 
 
 @pytest.fixture(scope="session")

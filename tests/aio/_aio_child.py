@@ -21,7 +21,9 @@ Steps run in order; each prints one marker line (flushed) when done:
                  random kill lands in)
 
 Record values are ``<txn>-<i>``; ``txn`` continues after the highest one in
-the database, so values stay unique across restarts.  After the steps it
+the database, so values stay unique across restarts.  Every value of a
+transaction whose Kafka commit returned (``commit``, ``loop``) is appended and
+fsynced to ``$KAFKA2PC_ACK_LOG`` (``harness.acks``) before its marker.  After the steps it
 prints ``READY`` and waits to be killed.
 """
 
@@ -31,6 +33,8 @@ import asyncio
 import sqlite3
 import sys
 import traceback
+
+from harness.acks import AckLog  # tests/ is on its PYTHONPATH (harness.procs)
 
 from kafka2pc import PreparedTxnState
 from kafka2pc.aio import AsyncTwoPhaseCommitProducer
@@ -53,6 +57,7 @@ class Writer:
         (last,) = self.db.execute("SELECT COALESCE(MAX(txn), -1) FROM rows").fetchone()
         self.txn = int(last) + 1
         self.values: list[str] = []
+        self.acks = AckLog.from_env()
         self.producer = AsyncTwoPhaseCommitProducer(
             {"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 5}
         )
@@ -85,6 +90,9 @@ class Writer:
         if pause_ms:
             await asyncio.sleep(pause_ms / 1000)
         await self.producer.commit_transaction(30)
+        if self.acks is not None:  # acknowledged: both sides committed
+            for value in self.values:
+                self.acks.record(value)
         self.txn += 1
         return state
 

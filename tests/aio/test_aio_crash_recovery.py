@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
+from harness.kafka_judge import assert_nothing_open
 from harness.loop import run
 from harness.scenario import Scenario
 
@@ -86,32 +88,72 @@ def test_kill_at_each_step_then_recover(
         decided = run(recover_with_admin(s, state))
     assert decided is decision
     s.assert_consistent(expected)
+    assert s.acks.ids() == values(0, 2)  # the first transaction, acknowledged; the killed one not
 
 
-def test_random_kills_of_a_looping_async_writer(kafka_bootstrap: str, scenario_factory: ScenarioFactory) -> None:
-    """kill -9 at random moments of continuous transactions; after each recovery DB and Kafka agree."""
-    rounds = 12
+MIN_ROUNDS, MAX_ROUNDS = 12, 30
+"""Kills of the random test: at least ``MIN_ROUNDS``, more (up to ``MAX_ROUNDS``) until recovery decided both
+commit and abort at least once."""
+
+
+def _txns(values: list[str]) -> Counter[int]:
+    """Records per transaction number (values are ``<txn>-<i>``)."""
+    return Counter(int(v.split("-")[0]) for v in values)
+
+
+def test_random_kills_of_a_looping_async_writer(
+    kafka_bootstrap: str, scenario_factory: ScenarioFactory, seed: int
+) -> None:
+    """kill -9 at random moments of continuous transactions; after each recovery DB and Kafka agree.
+
+    Exactly: the transactions visible after a round are the ones acknowledged (the child's fsynced log)
+    plus at most the life's last one, which the database committed: visible iff recovery committed it, or
+    its Kafka commit had returned when the kill came before the acknowledgement (decision "nothing").
+    """
     s = scenario_factory(kafka_bootstrap, partitions=3)
-    rng = random.Random(939)
-    outcomes: list[str] = []
-    committed_seen = 0
-    for round_no in range(rounds):
+    rng = random.Random(seed)
+    decisions: Counter[str] = Counter()
+    unacked_kept = 0
+    visible_txns: set[int] = set()
+    rounds = 0
+    while rounds < MIN_ROUNDS or (min(decisions["commit"], decisions["abort"]) == 0 and rounds < MAX_ROUNDS):
+        acked_before = set(_txns(s.acks.ids()))
         child = s.spawn("loop:4:30")
         child.expect("INIT")
         child.expect("COMMITTED")  # at least one transaction per life
-        time.sleep(rng.uniform(0.0, 0.6))
+        time.sleep(rng.uniform(0.0, 0.6))  # when the kill comes (drawn), not a wait for anything
         child.kill()
         state = s.stored_state()
-        if round_no % 2:
+        if rounds % 2:
             decided = run(recover_with_admin(s, state))
         else:
             decided, _ = run(recover_with_producer(s, state))
-        outcomes.append(decided.value)
-        visible = s.assert_consistent()
-        assert len(visible) >= committed_seen
-        committed_seen = len(visible)
-    print(f"\n{rounds} kills, recovery decisions: {outcomes}, {committed_seen} records visible")
-    assert committed_seen >= 4 * rounds
+        decisions[decided.value] += 1
+        visible = s.assert_consistent()  # rows == records, every acknowledged value kept once, nothing open
+        per_txn = _txns(visible)
+        assert set(per_txn.values()) == {4}, per_txn  # whole transactions only
+        new = set(per_txn) - visible_txns
+        unacked = new - (set(_txns(s.acks.ids())) - acked_before)
+        last = max(_txns(s.db_values()))
+        if decided is Decision.COMMIT:
+            assert unacked == {last}, (decided, sorted(new), sorted(unacked), last)  # the one recovery committed
+        elif decided is Decision.ABORT:
+            assert unacked == set(), (decided, sorted(new), sorted(unacked))
+        else:
+            assert unacked <= {last}, (decided, sorted(new), sorted(unacked), last)
+        unacked_kept += len(unacked)
+        visible_txns = set(per_txn)
+        rounds += 1
+    acked = len(set(_txns(s.acks.ids())))
+    print(f"\n{rounds} kills, recovery decisions: {dict(decisions)}, {len(visible_txns)} transactions visible "
+          f"({acked} acknowledged, {unacked_kept} kept by recovery or committed before their acknowledgement)")
+    assert decisions["commit"] >= 1 and decisions["abort"] >= 1, (
+        f"the kills landed on one side only in {rounds} rounds: {dict(decisions)}"
+    )
+    assert len(visible_txns) == acked + unacked_kept
+    assert unacked_kept >= decisions["commit"]
+    assert acked >= rounds  # every life committed at least one transaction before its kill
+    assert_nothing_open(kafka_bootstrap, [s.transactional_id], topics=[s.topic])  # Kafka's own tool agrees
 
 
 def test_transaction_outcome_and_plan_through_the_async_admin(

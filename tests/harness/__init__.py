@@ -11,5 +11,7 @@ children the tests start get it on ``PYTHONPATH`` (:func:`harness.procs.child_en
 * ``env``: a dual-write test's topic, series and tables; ``pool``: the writer pools' engine and id prefixes;
 * ``scenario``: the core and asyncio crash scenarios and their ``scenario_factory`` fixture;
 * ``acks``: the acknowledged-write log a crash child fsyncs and its check against the database and Kafka;
-* ``loop``: event-loop tests (stall bounds, :func:`harness.loop.assert_loop_not_blocked`).
+* ``loop``: event-loop tests (stall bounds, :func:`harness.loop.assert_loop_not_blocked`);
+* ``seeds``: the run's seed (``$KAFKA2PC_SEED``) and each randomized test's seed drawn from it;
+* ``kafka_judge``: Kafka's own ``TransactionsCommand`` as an independent judge of "nothing left open".
 """

@@ -20,7 +20,17 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from harness.dw_crash import Zygote, append_record, items_table, kill_self, serve, session_name, step_hook
+from harness.dw_crash import (
+    Zygote,
+    ack_log,
+    acknowledge,
+    append_record,
+    items_table,
+    kill_self,
+    serve,
+    session_name,
+    step_hook,
+)
 
 
 def async_url(url: str) -> str:
@@ -61,15 +71,17 @@ async def run_async_job(job: dict[str, Any]) -> None:
         return
     phase["name"] = "work"
     use_session = job.get("session", job["run"] % 2 == 1)
+    acks = ack_log(job)
     for j in range(job.get("transactions", 2)):
         phase["txn"] = j
+        rids = [f"{job['series']}:{job['run']}-{j}-{m}" for m in range(job.get("records", 2))]
         async with contextlib.AsyncExitStack() as stack:
             bind: Any = await stack.enter_async_context(AsyncSession(engine) if use_session else engine.connect())
             tx = await stack.enter_async_context(writer.transaction(bind))
-            for m in range(job.get("records", 2)):
-                rid = f"{job['series']}:{job['run']}-{j}-{m}"
+            for rid in rids:
                 await bind.execute(items.insert().values(id=rid, series=job["series"]))
                 await tx.produce(job["topic"], value=rid.encode(), key=rid.encode())
+        acknowledge(acks, rids)  # the block returned: acknowledged (a blocking fsync, as the sync child's)
     if job.get("hang_after"):
         kill_self()
 

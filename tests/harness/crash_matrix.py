@@ -24,7 +24,9 @@ import pytest
 import sqlalchemy as sa
 from kafka2pc.recipes.dual_write import DualWriter, define_outbox_table, define_state_table
 
+from harness.acks import AckLog
 from harness.dw_crash import RACE_DELAY_EARLY, RACE_DELAY_LATE, Zygote, check_consistency, items_table
+from harness.kafka_judge import assert_nothing_open
 from kafka2pc.testing import create_topic
 
 #: (index of the killed transaction, ORM Session rather than Connection): every run takes the next.
@@ -66,6 +68,9 @@ class SeriesReport:
     combinations: Counter[tuple[int, bool]] = field(default_factory=Counter)
     rows: int = 0
     records: int = 0
+    acknowledged: int = 0
+    tid: str = ""
+    topic: str = ""
     failures: list[str] = field(default_factory=list)
 
 
@@ -136,8 +141,9 @@ def run_series(
     tid = f"dw-crash-{series}"
     topic = create_topic(bootstrap)
     results = workdir / f"{series}.jsonl"
+    acks = AckLog(workdir / f"{series}.acks")
     engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
-    report = SeriesReport(point, db_kind)
+    report = SeriesReport(point, db_kind, tid=tid, topic=topic)
     want_outcome, allowed = EXPECTED[point]
     outcomes: list[bool] = []
     try:
@@ -148,7 +154,7 @@ def run_series(
             report.combinations[(crash_txn, session)] += 1
             job = {
                 "db_url": url, "bootstrap": bootstrap, "tid": tid, "topic": topic, "series": series,
-                "results": str(results), "run": run, "point": point, "crash_txn": crash_txn, "session": session,
+                "results": str(results), "ack_log": str(acks.path), "run": run, "point": point, "crash_txn": crash_txn, "session": session,
                 "transactions": 2, "records": 2, "seed": rng.randrange(1 << 30),
             }
             if point in RACY_POINTS and run >= runs_at(point) and outcomes:
@@ -176,7 +182,8 @@ def run_series(
                 )
         if any(r["heuristic"] for r in seen) or final["heuristic"]:
             report.failures.append("a recovery reported a heuristic outcome")
-        report.rows, report.records, problems = check_consistency(engine, bootstrap, topic, series)
+        report.rows, report.records, problems = check_consistency(engine, bootstrap, topic, series, acks)
+        report.acknowledged = len(acks.ids())
         report.failures.extend(problems)
     finally:
         engine.dispose()
@@ -186,14 +193,15 @@ def run_series(
 
 def run_matrix(
     db_kind: str, points: list[str], zygotes: list[Zygote], url_for: Callable[[str], str],
-    bootstrap: str, tmp_path: Path,
+    bootstrap: str, tmp_path: Path, seed: int,
 ) -> list[SeriesReport]:
+    """Every point's series, ``PARALLEL`` at a time; ``seed`` (the test's) draws the kills' delays."""
     free = list(zygotes)
     jobs = []
     for i, point in enumerate(points):
         url = url_for(point)
         prepare_db(url).dispose()
-        jobs.append((point, url, 1000 + i))
+        jobs.append((point, url, seed + i))
 
     def one(args: tuple[str, str, int]) -> SeriesReport:
         point, url, seed = args
@@ -208,19 +216,29 @@ def run_matrix(
 
 
 def print_reports(reports: list[SeriesReport]) -> None:
-    print(f"\n{'point':<16}{'db':<12}{'runs':>5}{'db committed':>14}  recovery decisions{'':<14}rows  records")
+    print(f"\n{'point':<16}{'db':<12}{'runs':>5}{'db committed':>14}  recovery decisions{'':<14}rows  records  acked")
     for r in reports:
         decisions = ", ".join(f"{k} {v}" for k, v in sorted(r.decisions.items()))
-        print(f"{r.point:<16}{r.db:<12}{r.runs:>5}{r.db_committed:>14}  {decisions:<32}{r.rows:>4}  {r.records:>7}")
+        print(f"{r.point:<16}{r.db:<12}{r.runs:>5}{r.db_committed:>14}  {decisions:<32}{r.rows:>4}  {r.records:>7}"
+              f"  {r.acknowledged:>5}")
 
 
-def check_reports(reports: list[SeriesReport]) -> None:
-    """Every series ran all its children, through every (transaction, bind) combination, and wrote rows."""
+def check_reports(reports: list[SeriesReport], bootstrap: str) -> None:
+    """Every series ran all its children, through every (transaction, bind) combination, and wrote rows.
+
+    The children that were killed in their second transaction had their first acknowledged (two
+    records each): the acknowledged-write check (``check_consistency``'s ``acks``) had ids to check.
+    """
     for r in reports:
         limit = runs_at(r.point) * (RACE_RUNS_LIMIT if r.point in RACY_POINTS else 1)
         assert runs_at(r.point) <= r.runs <= limit, (r.point, r.runs)
         assert set(r.combinations) == set(COMBINATIONS), (r.point, dict(r.combinations))
         assert r.rows > 0 and r.rows == r.records
+        killed_second = sum(n for (crash_txn, _), n in r.combinations.items() if crash_txn == 1)
+        assert r.acknowledged == 2 * killed_second, (r.point, r.acknowledged, killed_second)
+    # Kafka's own tool agrees that no series left a transaction open (once for all series: a JVM per call).
+    verdict = assert_nothing_open(bootstrap, [r.tid for r in reports], topics=[r.topic for r in reports])
+    assert set(verdict.states) == {r.tid for r in reports}, verdict.states  # every id reached its coordinator
 
 
 #: How the recovering child dies -> decisions the next recovery may take.
@@ -242,8 +260,9 @@ def run_recovery_kills(
     series = f"recovery-kill-{db_kind}-{uuid.uuid4().hex[:6]}"
     tid, topic = f"dw-{series}", create_topic(kafka_bootstrap)
     results = tmp_path / "results.jsonl"
+    acks = AckLog(tmp_path / f"{series}.acks")
     base = {"db_url": url, "bootstrap": kafka_bootstrap, "tid": tid, "topic": topic, "series": series,
-            "results": str(results), "transactions": 2, "records": 2}
+            "results": str(results), "ack_log": str(acks.path), "transactions": 2, "records": 2}
     run = 0
     killed_recoveries = []
     for kill, allowed in RECOVERY_KILLS:
@@ -261,7 +280,9 @@ def run_recovery_kills(
           [(kill, decisions[r]) for (kill, _), (r, _) in zip(RECOVERY_KILLS, killed_recoveries)])
     for killed_run, allowed in killed_recoveries:
         assert decisions[killed_run] in allowed, (killed_run, decisions[killed_run], allowed)
-    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, series)
-    assert not problems
+    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, series, acks)
+    assert not problems, problems
     assert rows == records == len(RECOVERY_KILLS) * 4  # two transactions of two records per worker
+    assert len(acks.ids()) == len(RECOVERY_KILLS) * 2  # each worker's first transaction was acknowledged
+    assert_nothing_open(kafka_bootstrap, [tid], topics=[topic])  # Kafka's own tool agrees
     engine.dispose()

@@ -32,6 +32,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from harness.acks import AckLog, check_acknowledged
 from harness.consumers import assign_at_committed
 from harness.procs import child_env
 
@@ -46,11 +47,16 @@ def items_table(metadata: sa.MetaData) -> sa.Table:
     )
 
 
-def check_consistency(engine: sa.Engine, bootstrap: str, topic: str, series: str) -> tuple[int, int, list[str]]:
+def check_consistency(
+    engine: sa.Engine, bootstrap: str, topic: str, series: str, acks: AckLog | None = None,
+) -> tuple[int, int, list[str]]:
     """Rows of ``series`` vs ``read_committed`` records of ``topic``: ``(rows, records, problems)``.
 
     The invariant of the recipe: every committed row has exactly one visible
     record and vice versa, and no transaction is left open on the topic.
+    With ``acks`` (the children's acknowledged-write log), also: every id it
+    holds is a row and exactly one ``read_committed`` record (a transaction
+    lost on both sides keeps ``rows == records``; this finds it).
     """
     from collections import Counter
 
@@ -70,6 +76,8 @@ def check_consistency(engine: sa.Engine, bootstrap: str, topic: str, series: str
     phantom = sorted(set(records) - rows)
     if phantom:
         problems.append(f"records without a committed row: {phantom[:5]} ({len(phantom)})")
+    if acks is not None:
+        problems.extend(check_acknowledged(acks, rows, records.elements()))
     rc, ru = settled_end_offsets(bootstrap, topic), end_offsets(bootstrap, topic, "read_uncommitted")
     if rc != ru:
         problems.append(f"transaction left hanging: read_committed end {rc} != read_uncommitted end {ru}; "
@@ -101,6 +109,18 @@ RACE_DELAY_EARLY = (-6.0, -4.7)
 """Delays that mostly kill before the COMMIT leaves the process (1 to 20 us): the rolled-back side."""
 RACE_DELAY_LATE = (-2.0, -1.3)
 """Delays that mostly kill after the database answered (10 to 50 ms): the committed side."""
+
+
+def ack_log(job: dict[str, Any]) -> AckLog | None:
+    """The acknowledged-write log of a crash child: ``job["ack_log"]``, else ``$KAFKA2PC_ACK_LOG``."""
+    return AckLog(job["ack_log"]) if job.get("ack_log") else AckLog.from_env()
+
+
+def acknowledge(log: AckLog | None, ids: list[str]) -> None:
+    """Record ``ids`` (the rows and records of a transaction whose block returned) in ``log``, fsynced."""
+    if log is not None:
+        for rid in ids:
+            log.record(rid)
 
 
 def kill_self() -> None:
@@ -138,6 +158,14 @@ def step_hook(job: dict[str, Any], phase: dict[str, Any]) -> Callable[[Any], Non
     rng = random.Random(job.get("seed", 0))
 
     def hook(step: Step) -> None:
+        if (job.get("kill_broker_at") == step.value and not phase.get("broker_killed")
+                and (phase["name"] == "recover" or phase["txn"] == crash_txn)):
+            # Combined faults: this step of the child's work (or recovery) and the death of a broker (the
+            # transactional id's coordinator) at once; the child goes on.
+            phase["broker_killed"] = True
+            os.kill(job["broker_pid"], signal.SIGKILL)
+            append_record(job["results"], {"run": job["run"], "broker_killed_at": step.value})
+            return
         if (job.get("stop_at") is not None and not phase.get("stopped") and phase["txn"] == crash_txn
                 and step.value == job["stop_at"]):
             # Takeover tests: stop here (SIGSTOP), once (PRODUCED comes once per record), until the
@@ -205,6 +233,7 @@ def run_job(job: dict[str, Any]) -> None:
         job["results"],
         {
             "run": job["run"],
+            "role": job.get("role"),
             "decision": settlement.plan.decision.value if settlement else None,
             "outcome": settlement.outcome.value if settlement else None,
             "heuristic": result.heuristic,
@@ -241,15 +270,17 @@ def _transactions(
     job: dict[str, Any], engine: sa.Engine, items: sa.Table, writer: Any, phase: dict[str, Any], topic: str,
     use_session: bool,
 ) -> None:
+    acks = ack_log(job)
     for j in range(job.get("transactions", 2)):
         phase["txn"] = j
+        rids = [f"{job['series']}:{job['run']}-{j}-{m}" for m in range(job.get("records", 2))]
         with contextlib.ExitStack() as stack:
             bind: Any = stack.enter_context(Session(engine) if use_session else engine.connect())
             tx = stack.enter_context(writer.transaction(bind))
-            for m in range(job.get("records", 2)):
-                rid = f"{job['series']}:{job['run']}-{j}-{m}"
+            for rid in rids:
                 bind.execute(items.insert().values(id=rid, series=job["series"]))
                 tx.produce(topic, value=rid.encode(), key=rid.encode())
+        acknowledge(acks, rids)  # the block returned: acknowledged to the application
 
 
 def _consume_transform_produce(
@@ -268,6 +299,7 @@ def _consume_transform_produce(
         "enable.auto.commit": False, "auto.offset.reset": "earliest", "enable.partition.eof": False,
     })
     assign_at_committed(consumer, [TopicPartition(job["input"], 0)])
+    acks = ack_log(job)
     batch = 0
     idle_since = time.monotonic()
     try:
@@ -292,6 +324,7 @@ def _consume_transform_produce(
                     conn.execute(items.insert().values(id=rid, series=job["series"]))
                     tx.produce(job["topic"], value=rid.encode(), key=m.key())
                 tx.send_consumer_offsets(consumer)
+            acknowledge(acks, [m.value().decode() for m in messages])
             batch += 1
     finally:
         consumer.close()

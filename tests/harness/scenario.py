@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from harness.acks import ACK_LOG_ENV, AckLog, assert_acknowledged
 from harness.procs import REPO, child_env
 from kafka2pc import PreparedTxnState
 from kafka2pc.testing import create_topic, drain, end_offsets
@@ -102,6 +103,11 @@ class Scenario:
         return {"bootstrap.servers": self.bootstrap, "transactional.id": self.transactional_id}
 
     @property
+    def acks(self) -> AckLog:
+        """The acknowledged-write log the children append to (``$KAFKA2PC_ACK_LOG``; ``harness.acks``)."""
+        return AckLog(self.db_path.with_suffix(".acks"))
+
+    @property
     def group(self) -> str:
         """The consumer group whose offsets the child commits with ``N@P`` steps."""
         return f"{self.transactional_id}-group"
@@ -114,7 +120,7 @@ class Scenario:
         if any("@" in step for step in steps):
             args += ["--group", self.group]
         log_path = self.db_path.with_name(f"child-{len(self.children)}.log")
-        env = child_env(PYTHONUNBUFFERED="1")
+        env = child_env(PYTHONUNBUFFERED="1", **{ACK_LOG_ENV: str(self.acks.path)})
         with open(log_path, "w") as log:
             proc = subprocess.Popen(
                 [sys.executable, str(self.script), *args, *steps],
@@ -173,13 +179,16 @@ class Scenario:
         """The dual-write invariant, checked on the real end state.
 
         Every committed database row has exactly one visible Kafka record and
-        vice versa, and no transaction is left hanging (last stable offset ==
+        vice versa, every value the children acknowledged (:attr:`acks`) is
+        among them, and no transaction is left hanging (last stable offset ==
         high watermark on every partition).
         """
         visible = self.visible()
         duplicates = [v for v, n in Counter(visible).items() if n > 1]
         assert duplicates == [], f"duplicates visible to read_committed: {duplicates}"
-        assert visible == self.db_values(), "database rows and visible Kafka records differ"
+        rows = self.db_values()
+        assert_acknowledged(self.acks, rows, visible)
+        assert visible == rows, "database rows and visible Kafka records differ"
         if expected is not None:
             assert visible == sorted(expected)
         assert end_offsets(self.bootstrap, self.topic, "read_committed") == end_offsets(

@@ -86,11 +86,24 @@ def run_outage(kafka: LocalKafka, *, outage_s: float = 60.0, pythonpath: str | N
                 return int(line.split()[1])
         raise AssertionError(f"child did not reach {n} commits in {timeout}s: {_drain(err)[-20:]}")
 
+    def marked(lines: queue.Queue[str | None], mark: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                raise AssertionError(f"child exited before {mark!r} (rc={proc.wait(5)}): {_drain(err)}")
+            if line.startswith(mark):
+                return
+        raise AssertionError(f"child did not print {mark!r} in {timeout}s")
+
     try:
         before = committed_at_least(3, 120)
         proc.stdin.write("outage\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
-        time.sleep(0.5)
+        marked(out, "MARK outage", 30)  # the child counts its lines as the outage's from here on
         kafka.stop()
         time.sleep(outage_s)
         _restart(kafka)

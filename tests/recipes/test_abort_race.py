@@ -1,6 +1,6 @@
 """librdkafka's abort race (#4849) through the four writer kinds: produce -> raise (-> close()).
 
-A short, seeded sample of ``benchmarks/bench_abort_race.py`` (which runs 2,000
+A short sample, drawn from the test's seed (``$KAFKA2PC_SEED``), of ``benchmarks/bench_abort_race.py`` (which runs 2,000
 and 500 cycles per kind): the caller always sees its own exception, librdkafka
 logs no FATAL line, and the coordinator holds no transaction open under any
 id used (DescribeTransactions), with the topic's LSO at its high watermark.
@@ -26,7 +26,6 @@ from kafka2pc.testing import create_topic
 
 CYCLES = 60
 CLOSE_CYCLES = 8
-SEED = 4849
 
 
 class Boom(Exception):
@@ -106,16 +105,16 @@ async def _async_kind(kind: str, url: str, config: dict[str, Any], topic: str, r
 
 
 def test_produce_raise_close_leaves_nothing_open_and_logs_no_fatal_line(
-    pg_url: str, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+    pg_url: str, kafka_bootstrap: str, caplog: pytest.LogCaptureFixture, seed: int
 ) -> None:
     config = {"bootstrap.servers": kafka_bootstrap}
     topic = create_topic(kafka_bootstrap, partitions=1)
     tids: set[str] = set()
     with caplog.at_level(logging.WARNING, logger="kafka2pc.librdkafka"):
         for kind in ("DualWriter", "WriterPool"):
-            tids |= _sync_kind(kind, pg_url, config, topic, random.Random(SEED))
+            tids |= _sync_kind(kind, pg_url, config, topic, random.Random(seed))
         for kind in ("AsyncDualWriter", "AsyncWriterPool"):
-            tids |= asyncio.run(_async_kind(kind, pg_url, config, topic, random.Random(SEED)))
+            tids |= asyncio.run(_async_kind(kind, pg_url, config, topic, random.Random(seed)))
     fatal = [r.getMessage() for r in caplog.records if r.name == "kafka2pc.librdkafka" and "FATAL" in r.getMessage()]
     assert fatal == []
     with TransactionAdmin(config) as admin:

@@ -83,9 +83,11 @@ def test_down_is_bounded_when_the_quorum_is_gone() -> None:
     try:
         kafka.start(timeout=180)
         survivor = kafka.nodes[2].pid
+        log = kafka.home / "node3" / "server.log"
+        seen = log.stat().st_size
         kafka.stop_node(1, kill=True)
         kafka.stop_node(2, kill=True)
-        time.sleep(2)  # node 3 notices that its peers are gone
+        _wait_for_log(log, seen, [f"Connection to node {n} " for n in (1, 2)], 60)  # node 3 noticed: its peers are gone
         assert broker._pid_alive(survivor)
 
         started = time.monotonic()
@@ -190,3 +192,17 @@ def test_a_start_that_does_not_serve_in_time_is_killed_and_tried_once_more(
     finally:
         (kafka or LocalKafka(base_port=port_base() + 1250, name=name)).wipe()
     assert _jvms_of(LocalKafka(base_port=port_base() + 1250, name=name)) == []
+
+
+def _wait_for_log(log: Path, offset: int, needles: list[str], timeout: float) -> None:
+    """Wait until every one of ``needles`` appears in ``log`` after byte ``offset`` (fail after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+        missing = [needle for needle in needles if needle not in text]
+        if not missing:
+            return
+        assert time.monotonic() < deadline, f"{log} did not say {missing} in {timeout} s:\n{text[-3000:]}"
+        time.sleep(0.1)

@@ -48,7 +48,7 @@ def async_zygote(tmp_path: Path) -> Iterator[AsyncZygote]:
 @pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
 def test_async_crash_matrix_at_every_step(
     db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, async_zygotes: list[AsyncZygote],
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int,
 ) -> None:
     monkeypatch.setattr(matrix, "RUNS", RUNS)
     monkeypatch.setattr(matrix, "RACE_RUNS", RUNS)
@@ -56,12 +56,12 @@ def test_async_crash_matrix_at_every_step(
     points = list(matrix.EXPECTED)
     reports = matrix.run_matrix(
         db_kind, points, async_zygotes,  # type: ignore[arg-type]
-        lambda p: matrix.db_url_for(db_kind, pg_url, tmp_path, f"async-{p}"), kafka_bootstrap, tmp_path,
+        lambda p: matrix.db_url_for(db_kind, pg_url, tmp_path, f"async-{p}"), kafka_bootstrap, tmp_path, seed,
     )
     matrix.print_reports(reports)
     failures = [f"{r.point}/{r.db}: {f}" for r in reports for f in r.failures]
     assert not failures, "\n".join(failures)
-    matrix.check_reports(reports)
+    matrix.check_reports(reports, kafka_bootstrap)
     committed = {r.point: r.db_committed for r in reports}
     assert committed["db_committed"] == committed["kafka_committed"] == RUNS  # the decision point
     assert committed["state_stored"] == committed["prepared"] == 0

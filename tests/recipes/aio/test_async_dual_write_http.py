@@ -20,6 +20,15 @@ stop) the test reads the database and a ``read_committed`` consumer:
   (I1, I2, I3), no event of a rolled-back request (I4), and the
   ``read_committed`` end offset equals the ``read_uncommitted`` one (I5).
 
+Every 201 is acknowledged (the client appends the order id to an
+acknowledged-write log, ``harness.acks``, checked id by id against the rows
+and the ``read_committed`` events). The test requires that a kill hit
+requests in flight (some were dropped) and that a restarted server's
+recovery decided something (committed or aborted a transaction a kill left
+open): while either has not happened after ``KAFKA2PC_HTTP_KILLS`` kills, it
+kills again, up to three times as many. The kills' moments and the
+duplicates are drawn from the test's seed (``$KAFKA2PC_SEED``, printed).
+
 ``KAFKA2PC_HTTP_KILLS`` (default 4, for CI; the full run uses 30) and
 ``KAFKA2PC_HTTP_CONCURRENCY`` (default 64) size it.
 """
@@ -41,6 +50,8 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from harness.acks import AckLog, assert_acknowledged
+from harness.kafka_judge import assert_nothing_open
 from harness.procs import REPO
 
 from kafka2pc.testing import create_topic, drain, end_offsets
@@ -56,9 +67,14 @@ EXAMPLES = REPO / "examples"
 class Outcomes:
     """What the client saw, per request id."""
 
+    acks: AckLog
     order_of: dict[str, str] = field(default_factory=dict)
     status: dict[str, int | str] = field(default_factory=dict)
     duplicates: set[str] = field(default_factory=set)
+
+    def dropped(self) -> int:
+        """Requests that failed without an answer (the connection died with the server)."""
+        return sum(isinstance(s, str) for s in self.status.values())
 
     def counts(self) -> Counter[str]:
         return Counter(
@@ -124,7 +140,8 @@ class Server:
 
 
 async def drive(server: Server, kills: int, outcomes: Outcomes, rng: random.Random) -> list[float]:
-    """Keep CONCURRENCY requests in flight while killing and restarting the server ``kills`` times."""
+    """Keep CONCURRENCY requests in flight while killing and restarting the server ``kills`` times, more (up to
+    three times as many) until a kill dropped requests in flight and a recovery decided something."""
     up = asyncio.Event()
     done = asyncio.Event()
     committed: list[str] = []  # order ids that got a 201, re-sent as duplicates
@@ -150,6 +167,8 @@ async def drive(server: Server, kills: int, outcomes: Outcomes, rng: random.Rand
             try:
                 response = await client.post(f"{server.url}/orders", json=body, timeout=60)
                 outcomes.status[request_id] = response.status_code
+                if response.status_code == 201:
+                    outcomes.acks.record(order_id)  # acknowledged to the client
                 if response.status_code == 201 and request_id not in outcomes.duplicates:
                     committed.append(order_id)
             except httpx.HTTPError as exc:
@@ -160,8 +179,11 @@ async def drive(server: Server, kills: int, outcomes: Outcomes, rng: random.Rand
         start_times.append(await server.start(client))
         up.set()
         tasks = [asyncio.ensure_future(client_task(client, w)) for w in range(CONCURRENCY)]
-        for _ in range(kills):
-            await asyncio.sleep(rng.uniform(0.3, 2.0))
+        killed = 0
+        while killed < kills or (not (outcomes.dropped() and recovery_decisions(server.log_path))
+                                 and killed < 3 * kills):
+            killed += 1
+            await asyncio.sleep(rng.uniform(0.3, 2.0))  # when the kill comes (drawn), not a wait for anything
             up.clear()  # new requests wait for the restart; those in flight die with the server
             await server.kill()
             start_times.append(await server.start(client))
@@ -200,6 +222,8 @@ def check(url: str, bootstrap: str, topic: str, outcomes: Outcomes) -> dict[str,
     committed_end, uncommitted_end = end_offsets(bootstrap, topic, "read_committed"), end_offsets(bootstrap, topic)
     if committed_end != uncommitted_end:
         problems.append(f"transaction left hanging: {committed_end} != {uncommitted_end}")
+    # Every acknowledged order (201): its row and exactly one read_committed event.
+    acknowledged = assert_acknowledged(outcomes.acks, rows, [order for order, seen in events.items() for _ in seen])
     visible = {request_id for seen in events.values() for request_id in seen}
     failed_agreeing = Counter[str]()
     for request_id, status in outcomes.status.items():
@@ -219,7 +243,8 @@ def check(url: str, bootstrap: str, topic: str, outcomes: Outcomes) -> dict[str,
                                 f"events={events.get(order_id)}")
             failed_agreeing["kept by recovery" if both else "neither"] += 1
     assert not problems, "\n".join(problems[:20]) + f"\n({len(problems)} problems)"
-    return {"rows": len(rows), "events": sum(len(v) for v in events.values()), **failed_agreeing}
+    return {"rows": len(rows), "events": sum(len(v) for v in events.values()), "acknowledged": acknowledged,
+            **failed_agreeing}
 
 
 def recovery_decisions(log: Path) -> Counter[str]:
@@ -233,28 +258,34 @@ def recovery_decisions(log: Path) -> Counter[str]:
 
 @pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
 def test_fastapi_service_killed_under_load_keeps_rows_and_events_equal(
-    db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path: Path
+    db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path: Path, seed: int
 ) -> None:
     url = str(request.getfixturevalue("pg_url")) if db_kind == "postgresql" else f"sqlite:///{tmp_path / 'orders.db'}"
     async_url = url.replace("sqlite://", "sqlite+aiosqlite://", 1) if db_kind == "sqlite" else url
     topic = create_topic(kafka_bootstrap, partitions=3)
     env = {
         "ORDERS_DATABASE_URL": async_url, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "ORDERS_TOPIC": topic,
-        "ORDERS_TRANSACTIONAL_ID": f"orders-http-{uuid.uuid4().hex[:8]}", "ORDERS_WRITERS": str(WRITERS),
+        "ORDERS_TRANSACTIONAL_ID": (tid_prefix := f"orders-http-{uuid.uuid4().hex[:8]}"), "ORDERS_WRITERS": str(WRITERS),
         "ORDERS_KAFKA_TIMEOUT_S": "30",
     }
     port = port_base() + 1850 + (0 if db_kind == "postgresql" else 1)  # free in every test's block
     server = Server(env, port, tmp_path / "server.log")
-    outcomes = Outcomes()
-    rng = random.Random(1500 + len(db_kind))
+    outcomes = Outcomes(AckLog(tmp_path / "acks"))
+    rng = random.Random(seed)
     start_times = asyncio.run(drive(server, KILLS, outcomes, rng))
     figures = check(url, kafka_bootstrap, topic, outcomes)
     decisions = recovery_decisions(server.log_path)
     counts = outcomes.counts()
-    print(f"\n{db_kind}: {KILLS} kills, {server.starts} starts (start + recovery {min(start_times):.1f}-"
+    kills = server.starts - 2
+    print(f"\n{db_kind}: {kills} kills, {server.starts} starts (start + recovery {min(start_times):.1f}-"
           f"{max(start_times):.1f} s), {len(outcomes.status)} requests: {dict(counts)}; "
-          f"failed requests: {dict((k, v) for k, v in figures.items() if k not in ('rows', 'events'))}; "
+          f"failed requests: {dict((k, v) for k, v in figures.items() if k not in ('rows', 'events', 'acknowledged'))}; "
           f"rows {figures['rows']} = events {figures['events']}; recovery decisions {dict(decisions)}")
-    assert server.starts == KILLS + 2
+    assert KILLS <= kills <= 3 * KILLS
     assert counts["2xx"] > 0 and counts["409"] > 0
+    assert counts["dropped"] > 0, "no kill hit a request in flight"
+    assert sum(decisions.values()) > 0, "no recovery decided anything: no kill left a transaction open"
     assert figures["rows"] == figures["events"] >= counts["2xx"]
+    assert figures["acknowledged"] == counts["2xx"]
+    verdict = assert_nothing_open(kafka_bootstrap, prefix=tid_prefix, topics=[topic])  # Kafka's own tool agrees
+    assert len(verdict.states) == WRITERS, verdict.states

@@ -3,7 +3,8 @@
 Run as ``python _pool_worker.py '<job json>'``.  Each thread runs
 transactions (one row and one record per id, ``<series>:<worker>:<thread>:<n>``)
 and appends every id whose ``with`` block returned to ``job["results"]``
-(acknowledged to the application: the database committed it).  Errors are
+(acknowledged to the application: the database committed it) and, fsynced, to
+the acknowledged-write log ``job["ack_log"]`` (``harness.acks``), if given.  Errors are
 appended too.  The parent kills the process (SIGKILL), pauses it
 (SIGSTOP/SIGCONT) or ends it with SIGTERM (clean close of the pool).
 
@@ -27,7 +28,8 @@ import time
 from typing import Any
 
 import sqlalchemy as sa
-from harness.dw_crash import append_record, items_table  # tests/ is on its PYTHONPATH (harness.procs)
+from harness.acks import AckLog  # tests/ is on its PYTHONPATH (harness.procs)
+from harness.dw_crash import append_record, items_table
 
 
 def main(job: dict[str, Any]) -> None:
@@ -47,6 +49,7 @@ def main(job: dict[str, Any]) -> None:
     fault = {"fired": False}
     current = threading.local()
     rng = random.Random(job.get("seed", 0))
+    acks = AckLog(job["ack_log"]) if job.get("ack_log") else AckLog.from_env()
 
     def hook(step: Step) -> None:
         if job.get("park_at") == step.value:
@@ -114,6 +117,8 @@ def main(job: dict[str, Any]) -> None:
                                   "id": rid, "t": time.time()})
                 time.sleep(0.05)
             else:
+                if acks is not None:
+                    acks.record(rid)
                 append_record(results, {"worker": job["worker"], "ok": rid})
                 with lock:
                     started["n"] += 1

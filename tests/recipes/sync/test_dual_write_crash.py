@@ -60,17 +60,18 @@ def zygotes(tmp_path: Path) -> Iterator[list[Zygote]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("db_kind", ["postgresql", "sqlite", "mariadb"])
 def test_crash_matrix(
-    db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygotes: list[Zygote], tmp_path: Path
+    db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, zygotes: list[Zygote], tmp_path: Path,
+    seed: int,
 ) -> None:
     pg_url = server_url(request, db_kind)
     points = crash_points()
     reports = run_matrix(
-        db_kind, points, zygotes, lambda p: db_url_for(db_kind, pg_url, tmp_path, p), kafka_bootstrap, tmp_path
+        db_kind, points, zygotes, lambda p: db_url_for(db_kind, pg_url, tmp_path, p), kafka_bootstrap, tmp_path, seed
     )
     print_reports(reports)
     failures = [f"{r.point}/{r.db}: {f}" for r in reports for f in r.failures]
     assert not failures, "\n".join(failures)
-    check_reports(reports)
+    check_reports(reports, kafka_bootstrap)
     committing = next((r for r in reports if r.point == "db_committing"), None)
     if committing is None:  # narrowed by $KAFKA2PC_CRASH_POINTS
         return
