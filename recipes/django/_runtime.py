@@ -1,0 +1,116 @@
+"""One :class:`~kafka2pc.recipes.dual_write.WriterPool` per database alias and process, made on first use.
+
+A pool holds producers and background threads, which do not survive a
+``fork``: the runtime remembers the process id it was made in, and a forked
+worker (gunicorn's, say, after a ``--preload`` master touched it) makes its
+own.  Nothing is made at import or in ``AppConfig.ready()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from ..dual_write import (
+    DEFAULT_LEASE_TABLE,
+    DEFAULT_STATE_TABLE,
+    MissingTableError,
+    WriterPool,
+    define_lease_table,
+    define_state_table,
+)
+from ._engines import borrowed_engine, own_engine
+from ._settings import Kafka2pcSettings, current_settings
+
+__all__ = ["AliasRuntime", "MigrationMissingError", "close_all", "runtime_for"]
+
+logger = logging.getLogger("kafka2pc.recipes.django")
+
+
+class MigrationMissingError(MissingTableError):
+    """The app's tables are missing in this database: run ``python manage.py migrate kafka2pc``."""
+
+
+@dataclass
+class AliasRuntime:
+    """The engines and the pool of one database alias in this process."""
+
+    alias: str
+    settings: Kafka2pcSettings
+    own: sa.Engine
+    borrowed: sa.Engine
+    pool: WriterPool
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Close the pool (leases given back or left to expire, see ``WriterPool.close``) and the engines."""
+        try:
+            self.pool.close(timeout)
+        finally:
+            self.own.dispose()
+
+
+_lock = threading.Lock()
+_runtimes: dict[str, AliasRuntime] = {}
+_pid = os.getpid()
+
+
+def _check_tables(engine: sa.Engine, alias: str) -> None:
+    inspector = sa.inspect(engine)
+    missing = [t for t in (DEFAULT_STATE_TABLE, DEFAULT_LEASE_TABLE) if not inspector.has_table(t)]
+    if missing:
+        raise MigrationMissingError(
+            f"database {alias!r} has no {' and no '.join(missing)} table: run "
+            f"`python manage.py migrate kafka2pc --database {alias}` (kafka2pc.recipes.django's migrations)"
+        )
+
+
+def _make(alias: str) -> AliasRuntime:
+    settings = current_settings()
+    options = dict(settings.pool_options)
+    own = own_engine(alias, pool_size=max(2, int(options.get("max_slots") or min(settings.pool_size, 8)) + 2))
+    try:
+        _check_tables(own, alias)
+        borrowed = borrowed_engine(alias)
+        metadata = sa.MetaData()
+        pool = WriterPool(
+            own, settings.producer, prefix=settings.prefix_for(alias), size=settings.pool_size,
+            state_table=define_state_table(metadata), lease_table=define_lease_table(metadata), **options,
+        )
+    except BaseException:
+        own.dispose()
+        raise
+    logger.info("kafka2pc: pool %r of %d ids on database %r (owner %s)", pool.prefix, settings.pool_size, alias,
+                pool.owner)
+    return AliasRuntime(alias, settings, own, borrowed, pool)
+
+
+def runtime_for(alias: str) -> AliasRuntime:
+    """This process's runtime of ``alias``, made on first use (again after a fork)."""
+    global _pid
+    runtime = _runtimes.get(alias)
+    if runtime is not None and _pid == os.getpid():
+        return runtime
+    with _lock:
+        if _pid != os.getpid():  # forked: the parent's producers and threads are not ours
+            _runtimes.clear()
+            _pid = os.getpid()
+        runtime = _runtimes.get(alias)
+        if runtime is None:
+            runtime = _runtimes[alias] = _make(alias)
+        return runtime
+
+
+def close_all(timeout: float = 30.0) -> None:
+    """Close every runtime of this process (at worker exit; tests)."""
+    with _lock:
+        runtimes = list(_runtimes.values()) if _pid == os.getpid() else []
+        _runtimes.clear()
+    for runtime in runtimes:
+        try:
+            runtime.close(timeout)
+        except Exception as exc:  # noqa: BLE001 - closing the others matters more
+            logger.warning("kafka2pc: closing the pool of %r failed: %s", runtime.alias, exc)
