@@ -16,11 +16,11 @@ import sqlalchemy as sa
 from django.core.management import call_command
 from django.db import connections, transaction
 from djtest.models import Item
-
-from kafka2pc import Kafka2pcError
 from kafka2pc.recipes.django import MigrationMissingError, NestedAtomicError, adual_write, dual_write, recover
 from kafka2pc.recipes.django.models import TransactionState, WriterLease
 from kafka2pc.recipes.dual_write import TopicNotFoundError, TransactionMisuseError
+
+from kafka2pc import Kafka2pcError
 from kafka2pc.testing import drain, end_offsets, settled_end_offsets
 
 
@@ -195,7 +195,6 @@ def _sa_url(alias: str) -> str:
 def test_the_cli_and_the_sqlalchemy_recipe_read_the_state_table(alias: str, kafka_bootstrap: str,
                                                                 topic_factory: Any) -> None:
     from click.testing import CliRunner
-
     from kafka2pc.cli import cli
     from kafka2pc.recipes.dual_write import DualWriter
 
