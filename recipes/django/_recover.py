@@ -43,15 +43,18 @@ def recover(using: str | Iterable[str] | None = None, *, wait_s: float = 0.0) ->
     aliases = [using or DEFAULT_DB_ALIAS] if using is None or isinstance(using, str) else list(using)
     found: list[RecoveryResult] = []
     for alias in aliases:
-        pool = runtime_for(alias).pool
+        # Settled here before the pool's own orphan scan starts, so this call reports what it settled.
+        pool = runtime_for(alias, start=False).pool
         deadline = time.monotonic() + wait_s
-        while True:
-            settled = pool.settle_orphans()
-            found.extend(settled)
-            held = [lease for lease in pool.leases() if lease.owner is not None and lease.owner != pool.owner]
-            if not held or time.monotonic() >= deadline:
-                break
-            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        try:
+            while True:
+                found.extend(pool.settle_orphans())
+                held = [lease for lease in pool.leases() if lease.owner is not None and lease.owner != pool.owner]
+                if not held or time.monotonic() >= deadline:
+                    break
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        finally:
+            pool.start()
         for result in found:
             if not result.ok:
                 logger.error("kafka2pc: recovery of %r on %r: %s", result.transactional_id, alias,

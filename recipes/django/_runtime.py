@@ -78,7 +78,8 @@ def _make(alias: str) -> AliasRuntime:
         metadata = sa.MetaData()
         pool = WriterPool(
             own, settings.producer, prefix=settings.prefix_for(alias), size=settings.pool_size,
-            state_table=define_state_table(metadata), lease_table=define_lease_table(metadata), **options,
+            state_table=define_state_table(metadata), lease_table=define_lease_table(metadata), start=False,
+            **options,
         )
     except BaseException:
         own.dispose()
@@ -88,8 +89,19 @@ def _make(alias: str) -> AliasRuntime:
     return AliasRuntime(alias, settings, own, borrowed, pool)
 
 
-def runtime_for(alias: str) -> AliasRuntime:
-    """This process's runtime of ``alias``, made on first use (again after a fork)."""
+def runtime_for(alias: str, *, start: bool = True) -> AliasRuntime:
+    """This process's runtime of ``alias``, made on first use (again after a fork).
+
+    ``start=False`` leaves a new pool's background loops (lease renewal, orphan scan) unstarted, for
+    :func:`~kafka2pc.recipes.django.recover` to settle orphans itself first.
+    """
+    runtime = _runtime(alias)
+    if start:
+        runtime.pool.start()  # once: later calls return at once
+    return runtime
+
+
+def _runtime(alias: str) -> AliasRuntime:
     global _pid
     runtime = _runtimes.get(alias)
     if runtime is not None and _pid == os.getpid():
