@@ -55,3 +55,17 @@ def k2pc_settings(settings: Any, kafka_bootstrap: str, request: pytest.FixtureRe
 def alias(request: pytest.FixtureRequest, k2pc_settings: dict[str, Any], transactional_db: None) -> str:
     """Each test using it runs on SQLite, PostgreSQL and MariaDB, with the app's pools closed before the flush."""
     return str(request.param)
+
+
+def _recipes_fixtures() -> Any:
+    """The recipe tests' conftest (its MariaDB database fixture), loaded under its own name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("k2pc_recipes_conftest", HERE.parent / "recipes" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mariadb_url = _recipes_fixtures().mariadb_url
