@@ -47,6 +47,7 @@ __all__ = [
     "MigrationMissingError",
     "NestedAtomicError",
     "adual_write",
+    "close",
     "dual_write",
     "recover",
 ]
@@ -58,12 +59,13 @@ _LAZY = {
     "dual_write": "._write",
     "recover": "._recover",
     "MigrationMissingError": "._runtime",
+    "close": "._runtime",
     "ConfigurationError": "._settings",
 }
 
 if TYPE_CHECKING:
     from ._recover import recover
-    from ._runtime import MigrationMissingError
+    from ._runtime import MigrationMissingError, close
     from ._settings import ConfigurationError
     from ._write import AsyncDualWrite, NestedAtomicError, adual_write, dual_write
 else:

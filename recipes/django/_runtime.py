@@ -26,7 +26,7 @@ from ..dual_write import (
 from ._engines import borrowed_engine, own_engine
 from ._settings import Kafka2pcSettings, current_settings
 
-__all__ = ["AliasRuntime", "MigrationMissingError", "close_all", "runtime_for"]
+__all__ = ["AliasRuntime", "MigrationMissingError", "close", "close_all", "runtime_for"]
 
 logger = logging.getLogger("kafka2pc.recipes.django")
 
@@ -116,8 +116,19 @@ def _runtime(alias: str) -> AliasRuntime:
         return runtime
 
 
+def close(timeout: float = 30.0) -> None:
+    """Close this process's pools (at a worker's exit: gunicorn ``worker_exit``, an ASGI lifespan's shutdown).
+
+    Each pool drains and gives its leases back (those with a transaction in
+    doubt are left to expire, for a survivor's recovery), waiting up to
+    ``timeout`` seconds for transactions still running.  The next
+    ``dual_write()`` makes a new pool.
+    """
+    close_all(timeout)
+
+
 def close_all(timeout: float = 30.0) -> None:
-    """Close every runtime of this process (at worker exit; tests)."""
+    """Close every runtime of this process (see :func:`close`)."""
     with _lock:
         runtimes = list(_runtimes.values()) if _pid == os.getpid() else []
         _runtimes.clear()
