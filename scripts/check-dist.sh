@@ -34,5 +34,9 @@ try:
     importlib.import_module("kafka2pc.recipes.spark_sink")
 except ImportError as exc:
     assert "kafka2pc[spark]" in str(exc), exc
+try:  # without the [django] extra, the Django app names it too
+    importlib.import_module("kafka2pc.recipes.django")
+except ImportError as exc:
+    assert "kafka2pc[django]" in str(exc), exc
 print(f"check-dist: kafka2pc {kafka2pc.__version__}: {len(modules)} public modules import from the wheel")
 PY
