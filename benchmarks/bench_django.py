@@ -104,7 +104,6 @@ def main() -> None:
         _configure_django(url, bootstrap)
         from django.core.management import call_command
         from django.db import connection
-
         from kafka2pc.recipes.django import close, dual_write
         from kafka2pc.recipes.dual_write import WriterPool, define_lease_table, define_state_table
 
@@ -176,8 +175,8 @@ def main() -> None:
                         fn(n)
                         done += 1
                     rates[name].append(done / (time.perf_counter() - started))
-            dj = [a / b for a, b in zip(rates["django dual write"], rates["django non-atomic"])]
-            sq = [a / b for a, b in zip(rates["sqlalchemy WriterPool"], rates["sqlalchemy non-atomic"])]
+            dj = [a / b for a, b in zip(rates["django dual write"], rates["django non-atomic"], strict=True)]
+            sq = [a / b for a, b in zip(rates["sqlalchemy WriterPool"], rates["sqlalchemy non-atomic"], strict=True)]
             rows.append((n, {k: statistics.median(v) for k, v in rates.items()}, dj, sq))
         pool.close()
         close()

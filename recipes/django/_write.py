@@ -14,7 +14,7 @@ callbacks.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -121,12 +121,39 @@ class AsyncDualWrite:
         """The Kafka transactional id this transaction runs under."""
         return self._tx.transactional_id
 
-    async def produce(self, topic: str, value: str | bytes | None = None, key: str | bytes | None = None,
-                      **kwargs: Any) -> None:
-        """:meth:`DualWriteTransaction.produce`, in the block's thread."""
-        from asgiref.sync import sync_to_async
+    @property
+    def records_produced(self) -> int:
+        """How many records this transaction produced so far."""
+        return self._tx.records_produced
 
-        await sync_to_async(self._tx.produce, thread_sensitive=True)(topic, value, key, **kwargs)
+    async def produce(
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        *,
+        partition: int | None = None,
+        headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None = None,
+        timestamp: int | None = None,
+        on_delivery: Callable[[Any, Any], None] | None = None,
+    ) -> None:
+        """:meth:`DualWriteTransaction.produce`, in the block's thread."""
+        await _in_block_thread(lambda: self._tx.produce(topic, value, key, partition=partition, headers=headers,
+                                                        timestamp=timestamp, on_delivery=on_delivery))
+
+    async def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
+        """:meth:`DualWriteTransaction.send_offsets_to_transaction`, in the block's thread."""
+        await _in_block_thread(lambda: self._tx.send_offsets_to_transaction(offsets, group_metadata))
+
+    async def send_consumer_offsets(self, consumer: Any) -> None:
+        """:meth:`DualWriteTransaction.send_consumer_offsets`, in the block's thread."""
+        await _in_block_thread(lambda: self._tx.send_consumer_offsets(consumer))
+
+
+async def _in_block_thread(call: Callable[[], None]) -> None:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(call, thread_sensitive=True)()
 
 
 @asynccontextmanager

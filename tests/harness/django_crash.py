@@ -150,7 +150,6 @@ def run_job(job: dict[str, Any]) -> None:
 
 def _transactions(job: dict[str, Any], phase: dict[str, Any]) -> None:
     from djtest.models import Item
-
     from kafka2pc.recipes.django import dual_write
 
     acks = ack_log(job)

@@ -14,9 +14,9 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from kafka2pc.recipes.django import dual_write
 
 from kafka2pc import Kafka2pcError
-from kafka2pc.recipes.django import dual_write
 
 from .models import Order
 
