@@ -2,8 +2,9 @@
 
 Every variant inserts N rows and produces N records per transaction (1 and 10), on one thread:
 
-* Django, non-atomic (the baseline): ``Model.objects.create()`` (autocommit: the row is committed
-  at once), then a plain confluent-kafka transaction with the records;
+* Django, non-atomic (the baseline): ``Model.objects.create()`` for each row in one
+  ``transaction.atomic()`` (one row: a plain ``save()``), committed, then a plain confluent-kafka
+  transaction with the records;
 * Django dual write: ``with dual_write() as tx: Model.objects.create(...); tx.produce(...)``;
 * SQLAlchemy, non-atomic, and SQLAlchemy ``WriterPool.transaction`` (not pipelined): the same pair
   for the SQLAlchemy recipe, in the same rounds, so that the two recipes' ratios to their own
@@ -103,7 +104,7 @@ def main() -> None:
         url = sa.make_url(db_url)
         _configure_django(url, bootstrap)
         from django.core.management import call_command
-        from django.db import connection
+        from django.db import connection, transaction
         from kafka2pc.recipes.django import close, dual_write
         from kafka2pc.recipes.dual_write import WriterPool, define_lease_table, define_state_table
 
@@ -125,8 +126,9 @@ def main() -> None:
 
         def django_nonatomic(n: int) -> None:
             ks = keys(n)
-            for k in ks:
-                Order.objects.create(id=k, payload="x")
+            with transaction.atomic():  # the rows in one transaction, as the dual write's
+                for k in ks:
+                    Order.objects.create(id=k, payload="x")
             dj_plain.begin_transaction()
             for k in ks:
                 dj_plain.produce(topic, key=k, value=b"x")

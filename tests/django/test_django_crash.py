@@ -96,7 +96,7 @@ def test_django_crash_matrix(db_kind: str, request: pytest.FixtureRequest, kafka
     assert _open_transactions(local_kafka, kafka_bootstrap, "dw-crash-") == []
 
 
-@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite", "mariadb"])
 def test_django_kill_during_recovery_then_recover_again(
     db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path: Path
 ) -> None:

@@ -31,6 +31,8 @@ from harness.ports import OTHER_RANGES, private_broker
 from kafka2pc.testing import create_topic, drain, end_offsets, settled_end_offsets
 from kafka2pc.testing.broker import port_base
 
+pytestmark = pytest.mark.quiet  # wall-clock bounds: scripts/test.sh runs it alone
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django_orders"
 KAFKA_TIMEOUT_S = 2.0
 ACQUIRE_TIMEOUT_S = 3.0
