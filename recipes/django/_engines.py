@@ -45,12 +45,8 @@ def dialect_url(wrapper: BaseDatabaseWrapper) -> str:
     if vendor == "sqlite":
         return "sqlite+pysqlite://"
     if vendor == "mysql":
-        # PyMySQL installed as MySQLdb (pymysql.install_as_MySQLdb()) reports itself as pymysql's connection.
-        import importlib
-
-        connect = getattr(importlib.import_module(module), "connect", None) if module else None
-        owner = getattr(connect, "__module__", "") or ""
-        return "mysql+pymysql://" if owner.startswith("pymysql") else "mysql+mysqldb://"
+        # PyMySQL installed as MySQLdb (pymysql.install_as_MySQLdb()) is the pymysql module itself.
+        return "mysql+pymysql://" if module.startswith("pymysql") else "mysql+mysqldb://"
     raise UsageError(
         f"kafka2pc.recipes.django supports Django's postgresql, sqlite and mysql backends, not {vendor!r} "
         f"(database alias {wrapper.alias!r})"
