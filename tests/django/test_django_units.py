@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 from django.core.checks import Error
-
-from kafka2pc import UsageError
 from kafka2pc.recipes.django import ConfigurationError
 from kafka2pc.recipes.django._checks import check_settings
 from kafka2pc.recipes.django._guard import StatementGuard
 from kafka2pc.recipes.django._settings import read_settings
 from kafka2pc.recipes.dual_write import TransactionMisuseError
+
+from kafka2pc import UsageError
 
 ENDS = ["COMMIT", "commit;", "  COMMIT WORK", "END", "ROLLBACK", "rollback work", "ABORT", "BEGIN",
         "START TRANSACTION", "PREPARE TRANSACTION 'x'", "XA START 'x'", "INSERT INTO t VALUES (1); COMMIT",
