@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import pytest
 import sqlalchemy as sa
 from harness.acks import assert_acknowledged
 from harness.brokers import frozen
