@@ -25,14 +25,7 @@ import django  # noqa: E402
 
 django.setup()
 
-#: database alias -> the kind the rest of the suite calls it.
-ALIASES = {"default": "sqlite", "pg": "postgresql", "maria": "mariadb"}
-
-
-def on(*aliases: str) -> list[Any]:
-    """Parameters of ``alias``, each with its ``django_db`` marker (only that database is set up and flushed)."""
-    return [pytest.param(a, id=ALIASES[a], marks=pytest.mark.django_db(transaction=True, databases=[a]))
-            for a in (aliases or tuple(ALIASES))]
+from djtest.params import on  # noqa: E402 - after django.setup()
 
 
 @pytest.fixture

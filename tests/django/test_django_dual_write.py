@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from django.core.management import call_command
 from django.db import connections, transaction
 from djtest.models import Item
+from djtest.params import on
 from kafka2pc.recipes.django import MigrationMissingError, NestedAtomicError, adual_write, dual_write, recover
 from kafka2pc.recipes.django.models import TransactionState, WriterLease
 from kafka2pc.recipes.dual_write import TopicNotFoundError, TransactionMisuseError
@@ -150,7 +151,7 @@ def test_unknown_topic_is_a_typed_error_that_changes_nothing(alias: str, kafka_b
     assert _records(kafka_bootstrap, topic) == ["after"]
 
 
-@pytest.mark.parametrize("alias", [p for p in __import__("conftest").on("default", "pg")], indirect=True)
+@pytest.mark.parametrize("alias", on("default", "pg"), indirect=True)
 def test_unreachable_broker_is_a_typed_error_in_bounded_time(alias: str, k2pc_settings: dict[str, Any]) -> None:
     from kafka2pc.recipes.django._runtime import close_all
 
@@ -169,7 +170,7 @@ def test_unreachable_broker_is_a_typed_error_in_bounded_time(alias: str, k2pc_se
     assert _rows(alias) == []
 
 
-@pytest.mark.parametrize("alias", [p for p in __import__("conftest").on("default", "pg", "maria")], indirect=True)
+@pytest.mark.parametrize("alias", on("default", "pg", "maria"), indirect=True)
 def test_missing_migration_is_a_typed_error_that_changes_nothing(alias: str) -> None:
     call_command("migrate", "kafka2pc", "zero", database=alias, verbosity=0)
     try:
@@ -229,7 +230,7 @@ def test_recover_and_the_management_command(alias: str, kafka_bootstrap: str, to
     assert _records(kafka_bootstrap, topic) == ["a", "b"]
 
 
-@pytest.mark.parametrize("alias", [p for p in __import__("conftest").on("default", "pg")], indirect=True)
+@pytest.mark.parametrize("alias", on("default", "pg"), indirect=True)
 def test_async_dual_write(alias: str, kafka_bootstrap: str, topic_factory: Any) -> None:
     topic = topic_factory()
 
@@ -251,7 +252,7 @@ def test_async_dual_write(alias: str, kafka_bootstrap: str, topic_factory: Any) 
     _nothing_open(kafka_bootstrap, topic)
 
 
-@pytest.mark.parametrize("alias", [p for p in __import__("conftest").on("default")], indirect=True)
+@pytest.mark.parametrize("alias", on("default"), indirect=True)
 def test_admin_page_lists_states_read_only(alias: str, kafka_bootstrap: str, topic_factory: Any,
                                            admin_client: Any) -> None:
     topic = topic_factory()
