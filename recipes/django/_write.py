@@ -20,6 +20,8 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from kafka2pc import PreparedTxnState, UsageError
+
 from ..dual_write import DualWriteTransaction, TransactionMisuseError
 from ._guard import StatementGuard
 from ._runtime import runtime_for
@@ -43,7 +45,12 @@ class _RollbackRequested(Exception):
 
 
 def _check_outermost(alias: str) -> None:
-    conn = connections[alias]
+    from django.utils.connection import ConnectionDoesNotExist
+
+    try:
+        conn = connections[alias]
+    except ConnectionDoesNotExist as exc:
+        raise UsageError(f"dual_write(using={alias!r}): settings.DATABASES has no database {alias!r}") from exc
     if conn.in_atomic_block:
         raise NestedAtomicError(
             f"dual_write(using={alias!r}) must be the outermost transaction.atomic of database {alias!r}, but it "
@@ -120,6 +127,16 @@ class AsyncDualWrite:
     def transactional_id(self) -> str:
         """The Kafka transactional id this transaction runs under."""
         return self._tx.transactional_id
+
+    @property
+    def connection(self) -> Any:
+        """The block's database connection, as a SQLAlchemy ``Connection`` (Django's own underneath)."""
+        return self._tx.connection
+
+    @property
+    def prepared_state(self) -> PreparedTxnState | None:
+        """The state stored in the database once the transaction is prepared."""
+        return self._tx.prepared_state
 
     @property
     def records_produced(self) -> int:

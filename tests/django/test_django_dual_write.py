@@ -21,7 +21,7 @@ from kafka2pc.recipes.django import MigrationMissingError, NestedAtomicError, ad
 from kafka2pc.recipes.django.models import TransactionState, WriterLease
 from kafka2pc.recipes.dual_write import TopicNotFoundError, TransactionMisuseError
 
-from kafka2pc import Kafka2pcError
+from kafka2pc import Kafka2pcError, UsageError
 from kafka2pc.testing import drain, end_offsets, settled_end_offsets
 
 
@@ -108,6 +108,12 @@ def test_inside_another_atomic_block_it_fails_at_once(alias: str, kafka_bootstra
     assert not WriterLease.objects.using(alias).exclude(owner=None).exists()  # no id was leased
     _write(alias, topic, "after")
     assert _records(kafka_bootstrap, topic) == ["after"]
+
+
+def test_an_unknown_alias_is_a_typed_error(k2pc_settings: dict[str, Any]) -> None:
+    with pytest.raises(UsageError, match="no database 'nope'"):
+        with dual_write(using="nope"):
+            pytest.fail("the block must not run")  # pragma: no cover
 
 
 def test_commit_inside_the_block_cannot_break_atomicity(alias: str, kafka_bootstrap: str, topic_factory: Any) -> None:
