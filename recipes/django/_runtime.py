@@ -17,6 +17,7 @@ import sqlalchemy as sa
 
 from ..dual_write import (
     DEFAULT_LEASE_TABLE,
+    DEFAULT_OUTBOX_TABLE,
     DEFAULT_STATE_TABLE,
     MissingTableError,
     WriterPool,
@@ -58,9 +59,10 @@ _runtimes: dict[str, AliasRuntime] = {}
 _pid = os.getpid()
 
 
-def _check_tables(engine: sa.Engine, alias: str) -> None:
+def _check_tables(engine: sa.Engine, alias: str, *, outbox: bool) -> None:
     inspector = sa.inspect(engine)
-    missing = [t for t in (DEFAULT_STATE_TABLE, DEFAULT_LEASE_TABLE) if not inspector.has_table(t)]
+    needed = (DEFAULT_STATE_TABLE, DEFAULT_LEASE_TABLE) + ((DEFAULT_OUTBOX_TABLE,) if outbox else ())
+    missing = [t for t in needed if not inspector.has_table(t)]
     if missing:
         raise MigrationMissingError(
             f"database {alias!r} has no {' and no '.join(missing)} table: run "
@@ -73,7 +75,7 @@ def _make(alias: str) -> AliasRuntime:
     options = dict(settings.pool_options)
     own = own_engine(alias, pool_size=max(2, int(options.get("max_slots") or min(settings.pool_size, 8)) + 2))
     try:
-        _check_tables(own, alias)
+        _check_tables(own, alias, outbox=bool(options.get("retain_records")))
         borrowed = borrowed_engine(alias)
         metadata = sa.MetaData()
         pool = WriterPool(

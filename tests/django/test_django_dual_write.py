@@ -268,3 +268,19 @@ def test_admin_page_lists_states_read_only(alias: str, kafka_bootstrap: str, top
     assert page.status_code == 200 and tid in page.content.decode()
     assert admin_client.get("/admin/kafka2pc/transactionstate/add/").status_code == 403
     assert admin_client.get("/admin/kafka2pc/writerlease/").status_code == 200
+
+
+@pytest.mark.parametrize("alias", on("pg", "maria"), indirect=True)
+def test_retain_records_uses_the_migrated_outbox_table(alias: str, kafka_bootstrap: str, topic_factory: Any,
+                                                      k2pc_settings: dict[str, Any]) -> None:
+    from kafka2pc.recipes.django import close
+
+    close()
+    k2pc_settings["POOL_OPTIONS"] = {**k2pc_settings["POOL_OPTIONS"], "retain_records": True}
+    topic = topic_factory()
+    _write(alias, topic, "r1")
+    _write(alias, topic, "r2")
+    assert _rows(alias) == ["r1", "r2"] and _records(kafka_bootstrap, topic) == ["r1", "r2"]
+    with connections[alias].cursor() as cursor:  # the outbox keeps the last transaction's records until the next
+        cursor.execute("SELECT count(*) FROM kafka_transaction_outbox")
+        assert cursor.fetchone()[0] <= 1

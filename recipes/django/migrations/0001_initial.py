@@ -1,4 +1,7 @@
-"""The state and lease tables, created with the DDL the SQLAlchemy recipe emits (same layout)."""
+"""The state, lease and outbox tables, created with the DDL the SQLAlchemy recipe emits (same layout).
+
+The outbox table (``kafka_transaction_outbox``) is used only with ``POOL_OPTIONS["retain_records"]``.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +12,10 @@ from django.db import migrations, models
 
 def _tables() -> list[Any]:
     import sqlalchemy as sa
-    from kafka2pc.recipes.dual_write import define_lease_table, define_state_table
+    from kafka2pc.recipes.dual_write import define_lease_table, define_outbox_table, define_state_table
 
     metadata = sa.MetaData()
-    return [define_state_table(metadata), define_lease_table(metadata)]
+    return [define_state_table(metadata), define_lease_table(metadata), define_outbox_table(metadata)]
 
 
 def _dialect(schema_editor: Any) -> Any:
