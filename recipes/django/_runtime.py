@@ -31,6 +31,10 @@ __all__ = ["AliasRuntime", "MigrationMissingError", "close", "close_all", "runti
 
 logger = logging.getLogger("kafka2pc.recipes.django")
 
+DEFAULT_KAFKA_TIMEOUT_S = 30.0
+"""The pool's ``kafka_timeout_s`` unless ``POOL_OPTIONS`` sets it: a request never waits on librdkafka's own,
+longer limits."""
+
 
 class MigrationMissingError(MissingTableError):
     """The app's tables are missing in this database: run ``python manage.py migrate kafka2pc``."""
@@ -72,7 +76,7 @@ def _check_tables(engine: sa.Engine, alias: str, *, outbox: bool) -> None:
 
 def _make(alias: str) -> AliasRuntime:
     settings = current_settings()
-    options = dict(settings.pool_options)
+    options = {"kafka_timeout_s": DEFAULT_KAFKA_TIMEOUT_S, **settings.pool_options}
     own = own_engine(alias, pool_size=max(2, int(options.get("max_slots") or min(settings.pool_size, 8)) + 2))
     try:
         _check_tables(own, alias, outbox=bool(options.get("retain_records")))

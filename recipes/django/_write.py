@@ -79,7 +79,7 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
 
     Bounds: waiting for a free transactional id, including the recovery of
     a newly leased one, ``POOL_OPTIONS["acquire_timeout_s"]`` (default 30 s);
-    the Kafka calls, ``POOL_OPTIONS["kafka_timeout_s"]``; the state-row
+    the Kafka calls, ``POOL_OPTIONS["kafka_timeout_s"]`` (default 30 s); the state-row
     lock, ``POOL_OPTIONS["lock_timeout_s"]``.  Errors are those of
     :meth:`WriterPool.transaction <kafka2pc.recipes.dual_write.WriterPool.transaction>`.
 
