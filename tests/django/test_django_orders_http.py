@@ -1,9 +1,9 @@
-"""``examples/django_orders`` under gunicorn (4 workers) behind HTTP: a worker SIGKILLed, the broker stopped.
+"""``examples/django_orders`` under gunicorn (4 workers) behind HTTP: workers SIGKILLed, the broker stopped.
 
 The order service runs as the example says (``manage.py migrate``, then ``gunicorn -c gunicorn.conf.py``)
-on PostgreSQL and a private broker.  Clients keep requests in flight throughout; a worker is killed
-with SIGKILL while requests are in flight (gunicorn starts a new one, which recovers at its start),
-then the broker is stopped (SIGSTOP) for 10 s.  Every request ends within the example's documented
+on PostgreSQL and a private broker.  Clients keep requests in flight throughout; two workers are
+killed with SIGKILL, 2 s apart, while requests are in flight (gunicorn starts new ones, which recover
+at their start), then the broker is stopped (SIGSTOP) for 10 s.  Every request ends within the example's documented
 bound (``ACQUIRE_TIMEOUT_S + 2 * KAFKA_TIMEOUT_S``, plus slack for a loaded machine) with 201, 503, or a
 connection dropped by the kill; writes succeed again once the broker is back; after a graceful stop
 and ``manage.py kafka2pc_recover``, the order rows equal the ``read_committed`` events, every 201 among
