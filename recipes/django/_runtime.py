@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from kafka2pc import UsageError
+
 from ..dual_write import (
     DEFAULT_LEASE_TABLE,
     DEFAULT_OUTBOX_TABLE,
@@ -122,15 +124,21 @@ def _runtime(alias: str) -> AliasRuntime:
         return runtime
 
 
-def close(timeout: float = 30.0) -> None:
+DEFAULT_CLOSE_TIMEOUT_S = 30.0
+""":func:`close`'s wait without ``timeout``."""
+
+
+def close(timeout: float | None = None) -> None:
     """Close this process's pools (at a worker's exit: gunicorn ``worker_exit``, an ASGI lifespan's shutdown).
 
     Each pool drains and gives its leases back (those with a transaction in
     doubt are left to expire, for a survivor's recovery), waiting up to
-    ``timeout`` seconds for transactions still running.  The next
-    ``dual_write()`` makes a new pool.
+    ``timeout`` seconds (``None``: 30 s) for transactions still running.
+    The next ``dual_write()`` makes a new pool.
     """
-    close_all(timeout)
+    if timeout is not None and timeout < 0:
+        raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
+    close_all(DEFAULT_CLOSE_TIMEOUT_S if timeout is None else timeout)
 
 
 def close_all(timeout: float = 30.0) -> None:

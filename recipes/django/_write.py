@@ -148,15 +148,15 @@ class AsyncDualWrite:
         topic: str,
         value: str | bytes | None = None,
         key: str | bytes | None = None,
-        *,
         partition: int | None = None,
-        headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None = None,
-        timestamp: int | None = None,
         on_delivery: Callable[[Any, Any], None] | None = None,
+        timestamp: int | None = None,
+        headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None = None,
     ) -> None:
         """:meth:`DualWriteTransaction.produce`, in the block's thread."""
-        await _in_block_thread(lambda: self._tx.produce(topic, value, key, partition=partition, headers=headers,
-                                                        timestamp=timestamp, on_delivery=on_delivery))
+        await _in_block_thread(lambda: self._tx.produce(topic, value=value, key=key, partition=partition,
+                                                        on_delivery=on_delivery, timestamp=timestamp,
+                                                        headers=headers))
 
     async def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
         """:meth:`DualWriteTransaction.send_offsets_to_transaction`, in the block's thread."""
