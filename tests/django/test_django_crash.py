@@ -150,3 +150,42 @@ def test_django_zombie_is_fenced_and_changes_nothing(pg_url: str, kafka_bootstra
     assert not [i for i in ids if i.startswith(f"{series}:0-1-")]
     assert_acknowledged(AckLog(str(results) + ".acks"), ids, ids)
     engine.dispose()
+
+
+def test_django_survivor_settles_a_killed_workers_transaction_within_the_lease(
+    pg_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A worker killed after its database COMMIT, before its Kafka commit; a live worker settles it alone.
+
+    No one calls recover() after the kill: the survivor's pool finds the expired lease in its orphan scan
+    and commits the prepared transaction, within ``lease_s`` + ``scan_every_s`` (+ the recovery).
+    """
+    lease_s = 2.0
+    bound_s = lease_s + lease_s / 3 * 1.2 + 10.0  # lease, one scan interval (jittered), the recovery on a loaded machine
+    engine = prepare_db(pg_url)
+    series = f"survivor-{uuid.uuid4().hex[:6]}"
+    topic = create_topic(kafka_bootstrap)
+    base = {"db_url": pg_url, "bootstrap": kafka_bootstrap, "tid": f"dj-{series}", "topic": topic, "series": series,
+            "results": str(tmp_path / "results.jsonl"), "transactions": 1, "records": 2, "lease_s": lease_s}
+    victim_z, survivor_z = DjangoZygote(tmp_path / "z1.log"), DjangoZygote(tmp_path / "z2.log")
+    exits: list[int] = []
+    try:
+        assert victim_z.run({**base, "run": 0, "point": "db_committed", "crash_txn": 0}) == -9
+        killed_at = time.monotonic()
+        survivor = threading.Thread(target=lambda: exits.append(survivor_z.run({**base, "run": 1, "survive_s": bound_s})))
+        survivor.start()
+        wanted = {f"{series}:0-0-0", f"{series}:0-0-1"}
+        while not wanted <= {r.value.decode() for r in drain(kafka_bootstrap, topic, "read_committed") if r.value}:
+            assert time.monotonic() - killed_at < bound_s, "the survivor did not settle the killed worker's transaction"
+            time.sleep(0.2)
+        settled_s = time.monotonic() - killed_at
+        survivor.join(60)
+        assert exits == [0]
+    finally:
+        victim_z.close()
+        survivor_z.close()
+    print(f"\nthe survivor settled the killed worker's transaction {settled_s:.1f} s after the kill (bound {bound_s:.1f} s)")
+    assert settled_s <= bound_s
+    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, series)
+    assert not problems and rows == records == 2
+    engine.dispose()

@@ -114,6 +114,12 @@ def run_job(job: dict[str, Any]) -> None:
     from kafka2pc.recipes.django import recover
 
     tid = f"{job['tid']}-0"
+    if job.get("survive_s") is not None:
+        # A survivor: recover() at start (nothing has expired yet), then keep running while the pool's
+        # own orphan scan settles what a killed worker left, once its lease expired.
+        recover()
+        time.sleep(job["survive_s"])
+        return
     _wait_for_lease(job["db_url"], tid, timeout=job.get("lease_s", LEASE_S) + 30)
     if job.get("recovery_kill_after_s") is not None:
         threading.Timer(job["recovery_kill_after_s"], kill_self).start()
