@@ -10,6 +10,9 @@ pass through):
 - recipe: the crash matrix (SQLite, every kill point, fewer runs of the COMMIT race),
   consume-transform-produce across crashes (PostgreSQL and SQLite), the asyncio writer's normal path
   (the rest of the recipe's tests run on one Python, in the full suite);
+- the Django app's behaviour and misuse tests (SQLite, PostgreSQL, MariaDB), on Django 5.2 LTS on 3.10
+  and on the newest Django 6.x on 3.13 (6.x needs Python 3.12+); its crash matrix and HTTP test run in
+  the full suite;
 - packaging: sdist -> wheel -> a clean virtualenv on that Python, no extras.
 
 The property-based unit tests run a tenth of their examples here (``$KAFKA2PC_PROPERTY_EXAMPLES_SCALE``):
@@ -39,6 +42,7 @@ INTEGRATION_SUBSET = [
     "tests/recipes/sync/test_dual_write.py::test_consume_transform_produce_is_exactly_once_across_crashes",
     "tests/recipes/sync/test_dual_write_crash.py::test_crash_matrix[sqlite]",
     "tests/recipes/aio/test_async_dual_write.py::test_session_and_connection_commit_both_sides_through_the_same_steps",
+    "tests/django/test_django_dual_write.py",
     "tests/testing/test_packaging.py",
 ]
 OTHER_BROKER_LINES = [  # what differs between broker lines is the broker, not the Python: the full suite runs them
@@ -48,11 +52,14 @@ OTHER_BROKER_LINES = [  # what differs between broker lines is the broker, not t
     for line in ("previous", "legacy")
 ]
 
-TEST_EXTRAS = "sql,postgres,mysql,cli,otel,aio"
+TEST_EXTRAS = "sql,postgres,mysql,cli,otel,aio,django"
 """The extras the ``test`` dependency group's tests import (scripts/setup.sh's GROUP_EXTRAS)."""
 
 SQLALCHEMY_LINES = {"3.10": "2.0", "3.13": "2.1"}
 """The SQLAlchemy line each Python tests (the others take whatever pip resolves, today 2.1)."""
+
+DJANGO_LINES = {"3.10": ("5.2", "5.3"), "3.12": ("5.2", "5.3"), "3.13": ("6", "7")}
+"""The Django line each Python tests: the LTS on the oldest Python, the newest major on the newest."""
 
 nox.options.sessions = ["tests", "docs"]
 nox.options.default_venv_backend = "uv|venv"  # uv (dev extras) installs in seconds; venv without it
@@ -84,6 +91,12 @@ def tests(session: nox.Session) -> None:
         session.install(f"sqlalchemy[asyncio]>={line},<{major}.{int(minor) + 1}")
         session.run("python", "-c", f"import sqlalchemy as sa; v = sa.__version__; print('SQLAlchemy', v); "
                     f"assert v.startswith('{line}.'), v")
+    django_line = DJANGO_LINES.get(str(session.python))
+    if django_line is not None:
+        low, high = django_line
+        session.install(f"django>={low},<{high}")
+        session.run("python", "-c", f"import django; v = django.__version__; print('Django', v); "
+                    f"assert v.startswith('{low}.'), v")
     deselect = [arg for test in OTHER_BROKER_LINES for arg in ("--deselect", test)]
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *deselect, "tests/unit", *INTEGRATION_SUBSET,
                 *session.posargs, env={"KAFKA2PC_CRASH_RACE_RUNS": "8", "KAFKA2PC_PROPERTY_EXAMPLES_SCALE": "0.1"})

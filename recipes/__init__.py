@@ -8,4 +8,6 @@ dependencies:
   recovery, exactly-once consume-transform-produce.
 - :mod:`kafka2pc.recipes.spark` — exactly-once Kafka writes from Spark Structured
   Streaming (``[spark]`` extra).
+- :mod:`kafka2pc.recipes.django` — a reusable Django app: the dual write for Django's ORM, on
+  the dual-write recipe's protocol, tables and recovery (``[django]`` extra).
 """

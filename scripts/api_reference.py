@@ -32,6 +32,7 @@ MODULES = [
     ("kafka2pc.recipes.dual_write", "dual-write.md"),
     ("kafka2pc.recipes.dual_write.aio", "dual-write-aio.md"),
     ("kafka2pc.recipes.spark", "spark-sink.md"),
+    ("kafka2pc.recipes.django", "django.md"),
 ]
 
 HEADER = """# Every public name

@@ -55,5 +55,9 @@ except ImportError as exc:
     assert "kafka2pc[spark]" in str(exc), exc
 else:
     raise AssertionError("kafka2pc.recipes.spark._datasource imported without PySpark")
+try:  # without the [django] extra, the Django app names it too
+    importlib.import_module("kafka2pc.recipes.django")
+except ImportError as exc:
+    assert "kafka2pc[django]" in str(exc), exc
 print(f"check-dist: kafka2pc {kafka2pc.__version__}: {len(modules)} public modules import from the wheel")
 PY

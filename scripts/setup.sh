@@ -28,9 +28,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # The extras each dependency group's tests or tools import.
 declare -A GROUP_EXTRAS=(
-  [test]="sql,postgres,mysql,cli,otel,aio"
+  [test]="sql,postgres,mysql,cli,otel,aio,django"
   [docs]="cli"
-  [dev]="sql,postgres,mysql,cli,otel,aio,spark"
+  [dev]="sql,postgres,mysql,cli,otel,aio,spark,django"
 )
 wanted=${KAFKA2PC_EXTRAS:-}
 extras=()

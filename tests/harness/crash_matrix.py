@@ -169,7 +169,7 @@ def run_series(
             report.db_committed += committed
             if want_outcome is not None and committed is not want_outcome:
                 report.failures.append(f"run {run}: killed at {point}, database committed={committed}")
-        final = recover_here(engine, bootstrap, tid)
+        final = getattr(zygote, "final_recovery", recover_here)(engine, bootstrap, tid)
         seen = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
         decisions = [r["decision"] for r in sorted(seen, key=lambda r: r["run"])][1:] + [final["decision"]]
         for run, (committed, decision) in enumerate(zip(outcomes, decisions)):
@@ -272,7 +272,8 @@ def run_recovery_kills(
         assert zygote.run({**base, "run": run + 1, "recover_only": True, "hang_after": True, **kill}) == -9
         killed_recoveries.append((run + 1, allowed))
         run += 2
-    final = recover_here(engine, kafka_bootstrap, tid)  # ...and the next recovery finishes the job.
+    # ...and the next recovery finishes the job.
+    final = getattr(zygote, "final_recovery", recover_here)(engine, kafka_bootstrap, tid)
     seen = {r["run"]: r for r in map(json.loads, results.read_text().splitlines())}
     decisions = {run: seen.get(run + 1, {}).get("decision") for run, _ in killed_recoveries}
     decisions[killed_recoveries[-1][0]] = final["decision"]

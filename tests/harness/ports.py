@@ -33,6 +33,7 @@ PRIVATE_BROKERS: dict[str, int] = {
     "aio/test_loop_stall": 1000,
     "recipes/aio/test_async_dual_write_loop": 1020,
     "logs/outage": 1040,
+    "django/test_django_orders_http": 1060,
     "control/test_timeouts": 1400,
 }
 
@@ -44,6 +45,7 @@ OTHER_RANGES: dict[str, tuple[int, int]] = {
     "spark/_standalone (searches)": (1700, 1800),
     "recipes/aio/test_async_dual_write_http servers": (1850, 1852),
     "recipes/test_writer_outage database proxy": (1860, 1861),
+    "django/test_django_orders_http gunicorn": (1862, 1863),
     "ports nothing listens on (closed_port)": (1900, 2000),
 }
 

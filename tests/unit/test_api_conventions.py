@@ -39,6 +39,7 @@ MODULES = [
     "kafka2pc.recipes.dual_write",
     "kafka2pc.recipes.dual_write.aio",
     "kafka2pc.recipes.spark",
+    "kafka2pc.recipes.django",
 ]
 DURATION_WORDS = {"timeout", "interval", "wait", "lease", "delay", "duration", "every", "threshold", "period"}
 DEPRECATED = {(where, old) for where, old, _ in RENAMED_ARGUMENTS}

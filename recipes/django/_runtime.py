@@ -1,0 +1,153 @@
+"""One :class:`~kafka2pc.recipes.dual_write.WriterPool` per database alias and process, made on first use.
+
+A pool holds producers and background threads, which do not survive a
+``fork``: the runtime remembers the process id it was made in, and a forked
+worker (gunicorn's, say, after a ``--preload`` master touched it) makes its
+own.  Nothing is made at import or in ``AppConfig.ready()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from kafka2pc import UsageError
+
+from ..dual_write import (
+    DEFAULT_LEASE_TABLE,
+    DEFAULT_OUTBOX_TABLE,
+    DEFAULT_STATE_TABLE,
+    MissingTableError,
+    WriterPool,
+    define_lease_table,
+    define_state_table,
+)
+from ._engines import borrowed_engine, own_engine
+from ._settings import Kafka2pcSettings, current_settings
+
+__all__ = ["AliasRuntime", "MigrationMissingError", "close", "close_all", "runtime_for"]
+
+logger = logging.getLogger("kafka2pc.recipes.django")
+
+DEFAULT_KAFKA_TIMEOUT_S = 30.0
+"""The pool's ``kafka_timeout_s`` unless ``POOL_OPTIONS`` sets it: a request never waits on librdkafka's own,
+longer limits."""
+
+
+class MigrationMissingError(MissingTableError):
+    """The app's tables are missing in this database: run ``python manage.py migrate kafka2pc``."""
+
+
+@dataclass
+class AliasRuntime:
+    """The engines and the pool of one database alias in this process."""
+
+    alias: str
+    settings: Kafka2pcSettings
+    own: sa.Engine
+    borrowed: sa.Engine
+    pool: WriterPool
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Close the pool (leases given back or left to expire, see ``WriterPool.close``) and the engines."""
+        try:
+            self.pool.close(timeout)
+        finally:
+            self.own.dispose()
+
+
+_lock = threading.Lock()
+_runtimes: dict[str, AliasRuntime] = {}
+_pid = os.getpid()
+
+
+def _check_tables(engine: sa.Engine, alias: str, *, outbox: bool) -> None:
+    inspector = sa.inspect(engine)
+    needed = (DEFAULT_STATE_TABLE, DEFAULT_LEASE_TABLE) + ((DEFAULT_OUTBOX_TABLE,) if outbox else ())
+    missing = [t for t in needed if not inspector.has_table(t)]
+    if missing:
+        raise MigrationMissingError(
+            f"database {alias!r} has no {' and no '.join(missing)} table: run "
+            f"`python manage.py migrate kafka2pc --database {alias}` (kafka2pc.recipes.django's migrations)"
+        )
+
+
+def _make(alias: str) -> AliasRuntime:
+    settings = current_settings()
+    options = {"kafka_timeout_s": DEFAULT_KAFKA_TIMEOUT_S, **settings.pool_options}
+    own = own_engine(alias, pool_size=max(2, int(options.get("max_slots") or min(settings.pool_size, 8)) + 2))
+    try:
+        _check_tables(own, alias, outbox=bool(options.get("retain_records")))
+        borrowed = borrowed_engine(alias)
+        metadata = sa.MetaData()
+        pool = WriterPool(
+            own, settings.producer, prefix=settings.prefix_for(alias), size=settings.pool_size,
+            state_table=define_state_table(metadata), lease_table=define_lease_table(metadata), start=False,
+            **options,
+        )
+    except BaseException:
+        own.dispose()
+        raise
+    logger.info("kafka2pc: pool %r of %d ids on database %r (owner %s)", pool.prefix, settings.pool_size, alias,
+                pool.owner)
+    return AliasRuntime(alias, settings, own, borrowed, pool)
+
+
+def runtime_for(alias: str, *, start: bool = True) -> AliasRuntime:
+    """This process's runtime of ``alias``, made on first use (again after a fork).
+
+    ``start=False`` leaves a new pool's background loops (lease renewal, orphan scan) unstarted, for
+    :func:`~kafka2pc.recipes.django.recover` to settle orphans itself first.
+    """
+    runtime = _runtime(alias)
+    if start:
+        runtime.pool.start()  # once: later calls return at once
+    return runtime
+
+
+def _runtime(alias: str) -> AliasRuntime:
+    global _pid
+    runtime = _runtimes.get(alias)
+    if runtime is not None and _pid == os.getpid():
+        return runtime
+    with _lock:
+        if _pid != os.getpid():  # forked: the parent's producers and threads are not ours
+            _runtimes.clear()
+            _pid = os.getpid()
+        runtime = _runtimes.get(alias)
+        if runtime is None:
+            runtime = _runtimes[alias] = _make(alias)
+        return runtime
+
+
+DEFAULT_CLOSE_TIMEOUT_S = 30.0
+""":func:`close`'s wait without ``timeout``."""
+
+
+def close(timeout: float | None = None) -> None:
+    """Close this process's pools (at a worker's exit: gunicorn ``worker_exit``, an ASGI lifespan's shutdown).
+
+    Each pool drains and gives its leases back (those with a transaction in
+    doubt are left to expire, for a survivor's recovery), waiting up to
+    ``timeout`` seconds (``None``: 30 s) for transactions still running.
+    The next ``dual_write()`` makes a new pool.
+    """
+    if timeout is not None and timeout < 0:
+        raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
+    close_all(DEFAULT_CLOSE_TIMEOUT_S if timeout is None else timeout)
+
+
+def close_all(timeout: float = 30.0) -> None:
+    """Close every runtime of this process (see :func:`close`)."""
+    with _lock:
+        runtimes = list(_runtimes.values()) if _pid == os.getpid() else []
+        _runtimes.clear()
+    for runtime in runtimes:
+        try:
+            runtime.close(timeout)
+        except Exception as exc:  # noqa: BLE001 - closing the others matters more
+            logger.warning("kafka2pc: closing the pool of %r failed: %s", runtime.alias, exc)

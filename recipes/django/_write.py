@@ -1,0 +1,200 @@
+"""``dual_write()`` and ``adual_write()``: Django's ``transaction.atomic`` and a Kafka transaction, one outcome.
+
+The block is the outermost ``transaction.atomic`` of its database alias.
+Inside it, the dual write's pool (:class:`~kafka2pc.recipes.dual_write.WriterPool`)
+runs its usual transaction on a SQLAlchemy connection that *is* Django's
+connection (see ``_engines``): the state row is locked or checked, the Kafka
+transaction begun, the application's ORM writes and records follow, then the
+prepare, the state update and the COMMIT (the decision) and the Kafka commit,
+exactly as for a SQLAlchemy application.  Django's ``atomic`` then closes
+over a transaction that has already committed, and runs its ``on_commit``
+callbacks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from kafka2pc import PreparedTxnState, UsageError
+
+from ..dual_write import DualWriteTransaction, TransactionMisuseError
+from ._guard import StatementGuard
+from ._runtime import runtime_for
+
+__all__ = ["AsyncDualWrite", "NestedAtomicError", "adual_write", "dual_write"]
+
+logger = logging.getLogger("kafka2pc.recipes.django")
+
+
+class NestedAtomicError(TransactionMisuseError):
+    """``dual_write()`` was entered inside ``transaction.atomic`` (or with autocommit off) on its alias.
+
+    Its transaction must be the outermost one: an enclosing block would
+    commit (or not) after the Kafka transaction was already committed.
+    Raised on entry, before anything is written.
+    """
+
+
+class _RollbackRequested(Exception):
+    """The block marked its transaction for rollback (``transaction.set_rollback(True)``)."""
+
+
+def _check_outermost(alias: str) -> None:
+    from django.utils.connection import ConnectionDoesNotExist
+
+    try:
+        conn = connections[alias]
+    except ConnectionDoesNotExist as exc:
+        raise UsageError(f"dual_write(using={alias!r}): settings.DATABASES has no database {alias!r}") from exc
+    if conn.in_atomic_block:
+        raise NestedAtomicError(
+            f"dual_write(using={alias!r}) must be the outermost transaction.atomic of database {alias!r}, but it "
+            "was entered inside one; run it outside (a test case: pytest.mark.django_db(transaction=True) or "
+            "TransactionTestCase)"
+        )
+    if not conn.get_autocommit():
+        raise NestedAtomicError(f"dual_write(using={alias!r}) needs autocommit on database {alias!r} (Django's "
+                                "default); transaction.set_autocommit(False) is in effect")
+
+
+@contextmanager
+def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
+    """Write rows with Django's ORM and records to Kafka in one transaction: both commit, or neither.
+
+    ``using`` is the database alias (default ``"default"``).  The block is
+    the outermost ``transaction.atomic`` of that alias: entered inside
+    another one it raises :class:`NestedAtomicError` at once.  An exception
+    in the block, or ``transaction.set_rollback(True)``, rolls the rows back
+    and aborts the Kafka transaction (the exception propagates; a rollback
+    asked for by ``set_rollback`` ends the block quietly).  Statements that
+    would end the database transaction are refused
+    (:class:`~kafka2pc.recipes.dual_write.TransactionMisuseError`, and the
+    block rolls back on both sides).  The yielded handle's ``produce()`` is
+    :meth:`~kafka2pc.recipes.dual_write.DualWriteTransaction.produce`.
+
+    Bounds: waiting for a free transactional id, including the recovery of
+    a newly leased one, ``POOL_OPTIONS["acquire_timeout_s"]`` (default 30 s);
+    the Kafka calls, ``POOL_OPTIONS["kafka_timeout_s"]`` (default 30 s); the state-row
+    lock, ``POOL_OPTIONS["lock_timeout_s"]``.  Errors are those of
+    :meth:`WriterPool.transaction <kafka2pc.recipes.dual_write.WriterPool.transaction>`.
+
+    Example::
+
+        from kafka2pc.recipes.django import dual_write
+
+        with dual_write() as tx:
+            order = Order.objects.create(sku="book", quantity=1)
+            tx.produce("orders", key=str(order.pk), value=order.to_json())
+    """
+    alias = using or DEFAULT_DB_ALIAS
+    _check_outermost(alias)
+    runtime = runtime_for(alias)
+    conn = connections[alias]
+    guard = StatementGuard(conn.vendor, alias)
+    try:
+        with transaction.atomic(using=alias), runtime.borrowed.connect() as borrowed:
+            with conn.execute_wrapper(guard), runtime.pool.transaction(borrowed) as tx:
+                yield tx
+                if guard.refused is not None:
+                    raise guard.error()
+                if conn.needs_rollback:
+                    raise _RollbackRequested
+    except _RollbackRequested:
+        logger.debug("%s: the block asked for a rollback; both sides rolled back", alias)
+
+
+class AsyncDualWrite:
+    """The handle ``adual_write()`` yields: :class:`DualWriteTransaction`'s methods as coroutines.
+
+    Each call runs in Django's thread-sensitive executor thread, the thread
+    where the block's transaction (and Django's async ORM calls) run.
+    """
+
+    def __init__(self, tx: DualWriteTransaction) -> None:
+        self._tx = tx
+
+    @property
+    def sync(self) -> DualWriteTransaction:
+        """The synchronous handle (for code already running in the block's thread)."""
+        return self._tx
+
+    @property
+    def transactional_id(self) -> str:
+        """The Kafka transactional id this transaction runs under."""
+        return self._tx.transactional_id
+
+    @property
+    def connection(self) -> Any:
+        """The block's database connection, as a SQLAlchemy ``Connection`` (Django's own underneath)."""
+        return self._tx.connection
+
+    @property
+    def prepared_state(self) -> PreparedTxnState | None:
+        """The state stored in the database once the transaction is prepared."""
+        return self._tx.prepared_state
+
+    @property
+    def records_produced(self) -> int:
+        """How many records this transaction produced so far."""
+        return self._tx.records_produced
+
+    async def produce(
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int | None = None,
+        on_delivery: Callable[[Any, Any], None] | None = None,
+        timestamp: int | None = None,
+        headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None = None,
+    ) -> None:
+        """:meth:`DualWriteTransaction.produce`, in the block's thread."""
+        await _in_block_thread(lambda: self._tx.produce(topic, value=value, key=key, partition=partition,
+                                                        on_delivery=on_delivery, timestamp=timestamp,
+                                                        headers=headers))
+
+    async def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
+        """:meth:`DualWriteTransaction.send_offsets_to_transaction`, in the block's thread."""
+        await _in_block_thread(lambda: self._tx.send_offsets_to_transaction(offsets, group_metadata))
+
+    async def send_consumer_offsets(self, consumer: Any) -> None:
+        """:meth:`DualWriteTransaction.send_consumer_offsets`, in the block's thread."""
+        await _in_block_thread(lambda: self._tx.send_consumer_offsets(consumer))
+
+
+async def _in_block_thread(call: Callable[[], None]) -> None:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(call, thread_sensitive=True)()
+
+
+@asynccontextmanager
+async def adual_write(using: str | None = None) -> AsyncIterator[AsyncDualWrite]:
+    """:func:`dual_write` for async views: ``async with adual_write() as tx``.
+
+    Django runs transactions only in synchronous code, so the block's
+    database work happens in Django's thread-sensitive executor thread: the
+    entry (lease, begin, state-row lock), every ``await tx.produce(...)``,
+    the end (prepare, state update, COMMIT, Kafka commit) and the async ORM
+    calls in the block (``await Order.objects.acreate(...)``), which Django
+    sends to that same thread and so to the same connection and
+    transaction.  The event loop only awaits.  The bounds are
+    :func:`dual_write`'s.
+    """
+    from asgiref.sync import sync_to_async
+
+    manager = dual_write(using)
+    tx = await sync_to_async(manager.__enter__, thread_sensitive=True)()
+    try:
+        yield AsyncDualWrite(tx)
+    except BaseException as exc:
+        suppress = await sync_to_async(manager.__exit__, thread_sensitive=True)(type(exc), exc, exc.__traceback__)
+        if not suppress:
+            raise
+    else:
+        await sync_to_async(manager.__exit__, thread_sensitive=True)(None, None, None)

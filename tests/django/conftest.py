@@ -1,0 +1,64 @@
+"""Fixtures of the Django app's tests: pytest-django on SQLite, PostgreSQL and MariaDB, and the real broker.
+
+Every test gets a fresh pool prefix (fresh transactional ids) and closes this process's pools before
+pytest-django flushes the tables.  Tests run with ``django_db(transaction=True)``: a dual write is the
+outermost ``transaction.atomic`` of its alias, which Django's ``TestCase`` wrapping would forbid.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "djtest.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from djtest.params import on  # noqa: E402 - after django.setup()
+
+
+@pytest.fixture
+def k2pc_settings(settings: Any, kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """``settings.KAFKA2PC`` for this test: the session's broker, a fresh prefix, short leases and bounds."""
+    from kafka2pc.recipes.django._runtime import close_all
+
+    close_all()
+    settings.KAFKA2PC = {
+        "PRODUCER": {"bootstrap.servers": kafka_bootstrap},
+        "TRANSACTIONAL_ID_PREFIX": f"dj-{uuid.uuid4().hex[:10]}",
+        "POOL_SIZE": 4,
+        "POOL_OPTIONS": {"lease_s": 3.0, "acquire_timeout_s": 30.0, "kafka_timeout_s": 20.0},
+    }
+    yield settings.KAFKA2PC
+    close_all(timeout=10)
+
+
+@pytest.fixture(params=on())
+def alias(request: pytest.FixtureRequest, k2pc_settings: dict[str, Any], transactional_db: None) -> str:
+    """Each test using it runs on SQLite, PostgreSQL and MariaDB, with the app's pools closed before the flush."""
+    return str(request.param)
+
+
+def _recipes_fixtures() -> Any:
+    """The recipe tests' conftest (its MariaDB database fixture), loaded under its own name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("k2pc_recipes_conftest", HERE.parent / "recipes" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+mariadb_url = _recipes_fixtures().mariadb_url

@@ -1,0 +1,1 @@
+"""The Django project of the Django app's tests: one settings module, three databases, one model."""

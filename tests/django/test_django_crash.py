@@ -1,0 +1,191 @@
+"""The Django app's crash matrix, on the shared harness: SIGKILL at every step, then ``recover()``; zombies.
+
+:mod:`harness.crash_matrix` runs its series with :class:`harness.django_crash.DjangoZygote` children:
+each child is a Django process that recovers at its start (``recover()``) and writes with
+``dual_write()``; the kill points, the expected database outcomes and recovery decisions, and the end
+checks (rows == ``read_committed`` records, nothing left hanging) are the SQLAlchemy matrix's.  On top:
+every write a child acknowledged (its block returned) is kept, and Apache Kafka's own
+``TransactionsCommand`` finds no transaction of the series' ids left open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from harness.acks import AckLog, assert_acknowledged
+from harness.crash_matrix import (
+    PARALLEL,
+    check_reports,
+    crash_points,
+    db_url_for,
+    prepare_db,
+    print_reports,
+    run_matrix,
+    run_recovery_kills,
+    server_url,
+)
+from harness.django_crash import DjangoZygote
+from harness.dw_crash import check_consistency, items_table
+
+from kafka2pc.testing import create_topic, drain
+from kafka2pc.testing.broker import LocalKafka
+
+
+@pytest.fixture
+def zygotes(tmp_path: Path) -> Iterator[list[DjangoZygote]]:
+    procs = [DjangoZygote(tmp_path / f"zygote-{i}.log") for i in range(PARALLEL)]
+    yield procs
+    for z in procs:
+        z.close()
+
+
+def _open_transactions(local_kafka: LocalKafka | None, bootstrap: str, prefix: str) -> list[dict[str, str]]:
+    """Apache Kafka's TransactionsCommand ``list``: the series' ids whose transaction is still open."""
+    import shutil
+    import subprocess
+
+    from kafka2pc.testing.broker import fetch_kafka_tools
+
+    java = shutil.which("java")
+    assert java is not None
+    proc = subprocess.run([java, "-cp", f"{fetch_kafka_tools()}/*", "org.apache.kafka.tools.TransactionsCommand",
+                           "--bootstrap-server", bootstrap, "list"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "\t" in line]
+    header = [cell.strip() for cell in lines[0].split("\t")]
+    rows = [dict(zip(header, (c.strip() for c in line.split("\t")), strict=False)) for line in lines[1:]]
+    return [r for r in rows if r.get("TransactionalId", "").startswith(prefix)
+            and r.get("TransactionState") not in ("Empty", "CompleteCommit", "CompleteAbort")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite", "mariadb"])
+def test_django_crash_matrix(db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str,
+                             local_kafka: LocalKafka | None, zygotes: list[DjangoZygote], tmp_path: Path) -> None:
+    server = server_url(request, db_kind)
+    points = crash_points()
+    started = time.monotonic()
+    reports = run_matrix(db_kind, points, list(zygotes), lambda p: db_url_for(db_kind, server, tmp_path, p),
+                         kafka_bootstrap, tmp_path)
+    print_reports(reports)
+    print(f"{db_kind}: {sum(r.runs for r in reports)} Django children in {time.monotonic() - started:.0f} s")
+    failures = [f"{r.point}/{r.db}: {f}" for r in reports for f in r.failures]
+    assert not failures, "\n".join(failures)
+    check_reports(reports)
+    # Every acknowledged write is in the database (and so, rows == records being checked, in Kafka once).
+    acked = 0
+    for r in reports:
+        engine = sa.create_engine(db_url_for(db_kind, server, tmp_path, r.point), poolclass=sa.pool.NullPool)
+        items = items_table(sa.MetaData())
+        with engine.connect() as conn:
+            rows = set(conn.execute(sa.select(items.c.id)).scalars())
+        engine.dispose()
+        for log in tmp_path.glob(f"{r.point}-{db_kind}-*.jsonl.acks"):
+            acked += assert_acknowledged(AckLog(log), rows, rows)
+    assert acked > 0
+    assert _open_transactions(local_kafka, kafka_bootstrap, "dw-crash-") == []
+
+
+@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite", "mariadb"])
+def test_django_kill_during_recovery_then_recover_again(
+    db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    zygote = DjangoZygote(tmp_path / "zygote.log")
+    try:
+        run_recovery_kills(db_kind, request, kafka_bootstrap, zygote, tmp_path)
+    finally:
+        zygote.close()
+
+
+def test_django_zombie_is_fenced_and_changes_nothing(pg_url: str, kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A worker SIGSTOPped in its block, taken over by a survivor, then resumed: fenced, nothing kept."""
+    engine = prepare_db(pg_url)
+    series = f"zombie-{uuid.uuid4().hex[:6]}"
+    prefix, topic = f"dj-{series}", create_topic(kafka_bootstrap)
+    results, marker = tmp_path / "results.jsonl", tmp_path / "marker.jsonl"
+    base = {"db_url": pg_url, "bootstrap": kafka_bootstrap, "tid": prefix, "topic": topic, "series": series,
+            "results": str(results), "transactions": 2, "records": 2, "lease_s": 2.0}
+    zombie_z, survivor_z = DjangoZygote(tmp_path / "z1.log"), DjangoZygote(tmp_path / "z2.log")
+    exits: list[int] = []
+    try:
+        # The zombie commits its first transaction, then stops (SIGSTOP) inside the second one's block.
+        zombie = threading.Thread(target=lambda: exits.append(zombie_z.run(
+            {**base, "run": 0, "role": "zombie", "crash_txn": 1, "stop_at": "produced", "marker": str(marker),
+             "record_errors": True}, timeout=180)))
+        zombie.start()
+        deadline = time.monotonic() + 60
+        while not marker.exists() or not marker.read_text().strip():
+            assert time.monotonic() < deadline and zombie.is_alive(), "the zombie never stopped"
+            time.sleep(0.05)
+        pid = json.loads(marker.read_text().splitlines()[0])["pid"]
+        # A survivor settles the zombie's id once its lease expired (the zombie renews no more) and writes.
+        assert survivor_z.run({**base, "run": 1, "role": "survivor", "record_errors": True}) == 0
+        os.kill(pid, signal.SIGCONT)
+        zombie.join(120)
+        assert exits == [0]
+    finally:
+        if "pid" in locals():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        zombie_z.close()
+        survivor_z.close()
+    outcome = {(r.get("role"), "error" in r): r for r in map(json.loads, results.read_text().splitlines())}
+    assert outcome[("survivor", True)]["error"] is None
+    error = outcome[("zombie", True)]["error"]
+    assert error in ("ProducerFencedError",), outcome[("zombie", True)]
+    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, series)
+    assert not problems
+    assert rows == records == 2 + 4  # the zombie's first transaction and the survivor's two; its second: nothing
+    ids = sorted(r.value.decode() for r in drain(kafka_bootstrap, topic, "read_committed") if r.value)
+    assert not [i for i in ids if i.startswith(f"{series}:0-1-")]
+    assert_acknowledged(AckLog(str(results) + ".acks"), ids, ids)
+    engine.dispose()
+
+
+def test_django_survivor_settles_a_killed_workers_transaction_within_the_lease(
+    pg_url: str, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A worker killed after its database COMMIT, before its Kafka commit; a live worker settles it alone.
+
+    No one calls recover() after the kill: the survivor's pool finds the expired lease in its orphan scan
+    and commits the prepared transaction, within ``lease_s`` + ``scan_every_s`` (+ the recovery).
+    """
+    lease_s = 2.0
+    bound_s = lease_s + lease_s / 3 * 1.2 + 10.0  # lease, one scan interval (jittered), the recovery on a loaded machine
+    engine = prepare_db(pg_url)
+    series = f"survivor-{uuid.uuid4().hex[:6]}"
+    topic = create_topic(kafka_bootstrap)
+    base = {"db_url": pg_url, "bootstrap": kafka_bootstrap, "tid": f"dj-{series}", "topic": topic, "series": series,
+            "results": str(tmp_path / "results.jsonl"), "transactions": 1, "records": 2, "lease_s": lease_s}
+    victim_z, survivor_z = DjangoZygote(tmp_path / "z1.log"), DjangoZygote(tmp_path / "z2.log")
+    exits: list[int] = []
+    try:
+        assert victim_z.run({**base, "run": 0, "point": "db_committed", "crash_txn": 0}) == -9
+        killed_at = time.monotonic()
+        survivor = threading.Thread(target=lambda: exits.append(survivor_z.run({**base, "run": 1, "survive_s": bound_s})))
+        survivor.start()
+        wanted = {f"{series}:0-0-0", f"{series}:0-0-1"}
+        while not wanted <= {r.value.decode() for r in drain(kafka_bootstrap, topic, "read_committed") if r.value}:
+            assert time.monotonic() - killed_at < bound_s, "the survivor did not settle the killed worker's transaction"
+            time.sleep(0.2)
+        settled_s = time.monotonic() - killed_at
+        survivor.join(60)
+        assert exits == [0]
+    finally:
+        victim_z.close()
+        survivor_z.close()
+    print(f"\nthe survivor settled the killed worker's transaction {settled_s:.1f} s after the kill (bound {bound_s:.1f} s)")
+    assert settled_s <= bound_s
+    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, series)
+    assert not problems and rows == records == 2
+    engine.dispose()

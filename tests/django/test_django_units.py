@@ -1,0 +1,87 @@
+"""The Django app's pure logic, no database and no broker: the statement guard and the setting's checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.checks import Error
+from kafka2pc.recipes.django import ConfigurationError
+from kafka2pc.recipes.django._checks import check_settings
+from kafka2pc.recipes.django._guard import StatementGuard
+from kafka2pc.recipes.django._settings import read_settings
+from kafka2pc.recipes.dual_write import TransactionMisuseError
+
+from kafka2pc import UsageError
+
+ENDS = ["COMMIT", "commit;", "  COMMIT WORK", "END", "ROLLBACK", "rollback work", "ABORT", "BEGIN",
+        "START TRANSACTION", "PREPARE TRANSACTION 'x'", "XA START 'x'", "INSERT INTO t VALUES (1); COMMIT",
+        "SELECT 1;\n  rollback"]
+ALLOWED = ["SELECT 1", 'SAVEPOINT "s1"', 'RELEASE SAVEPOINT "s1"', 'ROLLBACK TO SAVEPOINT "s1"',
+           "ROLLBACK WORK TO SAVEPOINT s1", "INSERT INTO t (note) VALUES ('begin')",
+           "UPDATE t SET endpoint = 1", "SELECT CASE WHEN a THEN 1 ELSE 2 END FROM t", "CREATE TABLE t (id int)"]
+MYSQL_ONLY = ["CREATE TABLE t (id int)", "ALTER TABLE t ADD c int", "DROP TABLE t", "TRUNCATE t", "RENAME TABLE a TO b",
+              "LOCK TABLES t WRITE", "SET autocommit = 1", "SET SESSION autocommit=1", "set @@autocommit = 1"]
+
+
+def _run(guard: StatementGuard, sql: str) -> list[str]:
+    sent: list[str] = []
+    guard(lambda s, p, m, c: sent.append(s), sql, None, False, {})
+    return sent
+
+
+@pytest.mark.parametrize("sql", ENDS)
+def test_statements_that_end_the_transaction_are_refused_before_they_are_sent(sql: str) -> None:
+    guard = StatementGuard("postgresql", "default")
+    with pytest.raises(TransactionMisuseError, match="was not sent"):
+        _run(guard, sql)
+    assert guard.refused is not None  # remembered: the block fails at its end even if the error was caught
+
+
+@pytest.mark.parametrize("sql", ALLOWED)
+def test_savepoints_and_ordinary_statements_go_through(sql: str) -> None:
+    guard = StatementGuard("postgresql", "default")
+    assert _run(guard, sql) == [sql] and guard.refused is None
+
+
+@pytest.mark.parametrize("sql", MYSQL_ONLY)
+def test_implicit_commits_are_refused_on_mysql_only(sql: str) -> None:
+    with pytest.raises(TransactionMisuseError):
+        _run(StatementGuard("mysql", "default"), sql)
+    assert _run(StatementGuard("sqlite", "default"), sql) == [sql]
+
+
+GOOD: dict[str, Any] = {"PRODUCER": {"bootstrap.servers": "k:9092"}, "TRANSACTIONAL_ID_PREFIX": "orders",
+                        "POOL_SIZE": 4}
+
+
+def test_a_good_setting_is_read() -> None:
+    s = read_settings({**GOOD, "POOL_OPTIONS": {"lease_s": 5.0}})
+    assert (s.prefix, s.pool_size, dict(s.pool_options)) == ("orders", 4, {"lease_s": 5.0})
+    assert s.prefix_for("default") == "orders" and s.prefix_for("replica") == "orders.replica"
+    assert read_settings({k: v for k, v in GOOD.items() if k != "POOL_SIZE"}).pool_size == 8
+
+
+@pytest.mark.parametrize(("change", "names"), [
+    (None, "must be a dict"),
+    ({"EXTRA": 1}, "unknown keys"),
+    ({"PRODUCER": {}}, "bootstrap.servers"),
+    ({"PRODUCER": {"bootstrap.servers": "k", "transactional.id": "x"}}, "must not set 'transactional.id'"),
+    ({"TRANSACTIONAL_ID_PREFIX": ""}, "TRANSACTIONAL_ID_PREFIX"),
+    ({"POOL_SIZE": 0}, "POOL_SIZE"),
+    ({"POOL_SIZE": True}, "POOL_SIZE"),
+    ({"POOL_OPTIONS": {"pipelined": True}}, "unknown keys"),
+])
+def test_a_bad_setting_is_a_typed_error_naming_the_key(change: dict[str, Any] | None, names: str) -> None:
+    value = None if change is None else {**GOOD, **change}
+    with pytest.raises(ConfigurationError, match=names) as raised:
+        read_settings(value)
+    assert isinstance(raised.value, UsageError)
+
+
+def test_the_system_check_reports_a_bad_setting(settings: Any) -> None:
+    settings.KAFKA2PC = {**GOOD, "POOL_SIZE": -1}
+    (error,) = check_settings()
+    assert isinstance(error, Error) and error.id == "kafka2pc.E001" and "POOL_SIZE" in error.msg
+    settings.KAFKA2PC = GOOD
+    assert check_settings() == []
