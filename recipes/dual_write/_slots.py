@@ -109,7 +109,7 @@ class SlotKeeping:
                     if free:
                         # A slot left needing recovery (its broker call failed) is taken last: its
                         # recovery may not finish while the broker is down.
-                        chosen = min(free, key=lambda slot: (slot.writer.status is not WriterState.READY,
+                        chosen = min(free, key=lambda slot: (slot.writer.state is not WriterState.READY,
                                                              slot.freed_at))
                         chosen.busy = True
                         return chosen
@@ -169,7 +169,7 @@ class SlotKeeping:
 
     def _give_back(self, slot: _Slot) -> None:
         writer = slot.writer
-        drop = slot.lost or writer.status in (WriterState.FENCED, WriterState.CLOSED)
+        drop = slot.lost or writer.state in (WriterState.FENCED, WriterState.CLOSED)
         if drop and not slot.lost:
             try:
                 self._renew()  # was the lease taken (this instance presumed dead), or did an operator fence it?
@@ -193,7 +193,7 @@ class SlotKeeping:
         expire: list[tuple[str, int]] = []
         for slot in slots:
             self._counters.retired.append(slot.writer.metrics())
-            clean = not abandon and not slot.lost and slot.writer.status is WriterState.READY
+            clean = not abandon and not slot.lost and slot.writer.state is WriterState.READY
             if not slot.lost:
                 (release if clean else expire).append((slot.tid, slot.epoch))
             slot.writer.close()
