@@ -96,8 +96,8 @@ class DualWriteTransaction:
         if timestamp is not None:
             kwargs["timestamp"] = timestamp
         writer._produce(self._producer, topic, kwargs)
-        if writer._on_step is not None:
-            writer._on_step(Step.PRODUCED)
+        if writer._on_step is not None or writer._step_observers:
+            writer._step(Step.PRODUCED)
 
     def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
         """Commit consumer offsets with this transaction (exactly-once consume-transform-produce).

@@ -191,6 +191,7 @@ class WriterPool(OrphanSettling):
             "kafka_timeout_s": kafka_timeout_s,
             "on_step": on_step,
         }
+        self._step_observers = []
         self._book = LeaseBook(engine, self._lease_table, prefix, self._owner, self._lease_s)
         self._cond = self._new_condition()
         self._slots: list[_Slot] = []

@@ -14,6 +14,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from kafka2pc import IllegalStateError, Kafka2pcError
 
 from ._lease import LeaseBook
 from ._lifecycle import WriterState
-from ._values import DualWriteMetrics
+from ._values import DualWriteMetrics, Step
 from ._writer import DualWriter
 
 __all__ = ["PoolExhaustedError", "SlotKeeping"]
@@ -86,9 +87,14 @@ class SlotKeeping:
     _stop: threading.Event
     _closed: bool
 
+    _step_observers: list[Callable[[Any, Step], None]]
+    """Shared with every writer of the pool (kafka2pc.otel observes the pool's steps through it)."""
+
     def _new_writer(self, tid: str) -> DualWriter:
-        return DualWriter(self._engine, {**self._config, "transactional.id": tid},
-                          state_table=self._state_table, **self._writer_options)
+        writer = DualWriter(self._engine, {**self._config, "transactional.id": tid},
+                            state_table=self._state_table, **self._writer_options)
+        writer._step_observers = self._step_observers
+        return writer
 
     def _take(self, ready_by: float | None = None) -> _Slot:
         """A free slot (healthy ones first), or a new one leased and recovered by ``ready_by``."""

@@ -119,6 +119,7 @@ class DualWriter(Settling):
         self._retain = retain_records
         self._lock_timeout_s = lock_timeout_s
         self._on_step = on_step
+        self._step_observers: list[Callable[[Any, Step], None]] = []
         self._settle_attempts = settle_attempts
         self._queue_full_timeout_s = queue_full_timeout_s
         if kafka_timeout_s is not None and kafka_timeout_s <= 0:

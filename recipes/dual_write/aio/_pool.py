@@ -197,8 +197,10 @@ class _LoopPool(WriterPool):
     _tasks: list[asyncio.Task[None]]
 
     def _new_writer(self, tid: str) -> DualWriter:
-        return _LoopWriter(self._engine, {**self._config, "transactional.id": tid},
-                           state_table=self._state_table, **self._writer_options)
+        writer = _LoopWriter(self._engine, {**self._config, "transactional.id": tid},
+                             state_table=self._state_table, **self._writer_options)
+        writer._step_observers = self._step_observers
+        return writer
 
     def _new_condition(self) -> threading.Condition:
         return cast("threading.Condition", _LoopCondition())
