@@ -166,9 +166,8 @@ def test_sync_writers(otel: Collected, kafka_bootstrap: str, tmp_path: Path, kin
 
 @pytest.mark.parametrize("kind", ["AsyncDualWriter", "AsyncWriterPool"])
 def test_async_writers(otel: Collected, kafka_bootstrap: str, tmp_path: Path, kind: str) -> None:
-    from sqlalchemy.ext.asyncio import create_async_engine
-
     from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, AsyncWriterPool
+    from sqlalchemy.ext.asyncio import create_async_engine
 
     topic = create_topic(kafka_bootstrap)
     items, states = _tables(f"sqlite:///{tmp_path / 'otel.db'}")
@@ -201,8 +200,10 @@ def test_async_writers(otel: Collected, kafka_bootstrap: str, tmp_path: Path, ki
             await engine.dispose()
         return writer
 
-    writer = asyncio.run(main())  # kept: the counters are read from the writer's metrics at each collection
+    kept = asyncio.run(main())  # kept: the counters are read from the writer's metrics at each collection
     _check(otel, during, WRITERS, {**attrs, "kafka2pc__component": "dual_write"})
+    snapshot = kept.metrics()
+    assert getattr(snapshot, "transactions", snapshot).transactions_committed == 1
 
 
 def test_anything_else_is_refused(otel: Collected) -> None:
