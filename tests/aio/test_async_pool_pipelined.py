@@ -20,10 +20,9 @@ pytest.importorskip("aiosqlite")
 
 
 def test_pipelined_async_pool_commits_every_transaction(kafka_bootstrap: str, tmp_path: Path) -> None:
-    from sqlalchemy.ext.asyncio import create_async_engine
-
     from kafka2pc.recipes.dual_write import define_lease_table, define_state_table
     from kafka2pc.recipes.dual_write.aio import AsyncWriterPool
+    from sqlalchemy.ext.asyncio import create_async_engine
 
     topic = create_topic(kafka_bootstrap)
     metadata = sa.MetaData()
