@@ -16,7 +16,7 @@ from kafka2pc.aio._admin import AsyncTransactionAdmin
 from kafka2pc.aio._producer import AsyncTwoPhaseCommitProducer
 from kafka2pc.aio._stall import LoopStallMonitor, StallReport
 
-__all__ = ["UNPAIRED", "AsyncTransactionAdmin", "AsyncTwoPhaseCommitProducer", "LoopStallMonitor", "StallReport"]
+__all__ = ["AsyncTransactionAdmin", "AsyncTwoPhaseCommitProducer", "LoopStallMonitor", "StallReport", "UNPAIRED"]
 
 UNPAIRED: dict[str, str] = {
     # -- asyncio only --------------------------------------------------------------------------
