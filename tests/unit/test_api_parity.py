@@ -319,3 +319,11 @@ def test_the_checks_catch_each_kind_of_problem() -> None:
 
     found = _twin_differences("m.Sync", Sync, "m.AsyncSync", AsyncSync)
     assert any("lacks produce" in f for f in found) and any(".close" in f for f in found), found
+
+
+def test_the_asyncio_page_lists_every_unpaired_name() -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "asyncio.md").read_text()
+    section = page.split("## One API", 1)[1].split("\n## ", 1)[0]
+    assert {k for k in _unpaired() if f"`{k}`" not in section} == set()
