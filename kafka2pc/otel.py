@@ -6,13 +6,18 @@ instrument what you run::
     from kafka2pc.otel import Telemetry
 
     telemetry = Telemetry()                     # the global meter and tracer providers
-    producer = telemetry.instrument_producer(TwoPhaseCommitProducer(config))
-    writer = telemetry.instrument_dual_writer(DualWriter(engine, config))
+    producer = telemetry.instrument_producer(TwoPhaseCommitProducer(config))   # or an AsyncTwoPhaseCommitProducer
+    writer = telemetry.instrument_dual_writer(DualWriter(engine, config))       # or WriterPool, AsyncDualWriter,
+                                                                                # AsyncWriterPool
     df.writeStream.foreachBatch(telemetry.instrument_spark_sink(sink))
+
+Every kind emits the same names: :data:`INSTRUMENTS` and :data:`SPANS` are the
+one table of them (the Spark recipe's instrumentation reuses it).
 
 Instruments (meter ``kafka2pc``; every point carries ``kafka2pc.component`` =
 ``producer``, ``dual_write`` or ``spark_sink``, and
-``kafka2pc.transactional_id`` or ``kafka2pc.sink_id``):
+``kafka2pc.transactional_id``, ``kafka2pc.pool`` (a writer pool's prefix) or
+``kafka2pc.sink_id``):
 
 * ``kafka2pc.transactions.committed`` (Counter): transactions committed, a recovery's commits too;
 * ``kafka2pc.transactions.aborted`` (Counter): transactions aborted or rolled back;
@@ -40,8 +45,11 @@ How each part is observed, without changing it:
 
 * the core producer: ``instrument_producer`` wraps the instance's
   transaction methods (the class is untouched);
-* the dual write: its ``on_step`` hook times the phases, and its
-  ``metrics()`` snapshot feeds the counters and gauges (read at each
+* the core producer, asyncio: the sync producer it drives is instrumented; its
+  calls run in the awaiting task's context (spans are children of its span);
+* the dual write (a writer or a pool, sync or asyncio): the writer's steps
+  (those ``on_step`` sees) time the phases, and its ``metrics()`` snapshot
+  (a pool's ``metrics().transactions``) feeds the counters and gauges (read at each
   collection, so nothing drifts: a rollback that passes no step is counted
   too).  A phase span an exception interrupted ends, with status ERROR, when
   the writer starts its next transaction or recovery;
