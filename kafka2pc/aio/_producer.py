@@ -209,6 +209,8 @@ class AsyncTwoPhaseCommitProducer:
             future.add_done_callback(functools.partial(_report, on_delivery))
         kwargs: dict[str, Any] = {"value": value, "key": key,
                                   "on_delivery": functools.partial(self._on_delivery, future)}
+        if partition == -1 or timestamp == 0:
+            renamed("produce(partition=-1, timestamp=0)", "partition=None, timestamp=None (the defaults)")
         if partition is not None and partition != -1:
             kwargs["partition"] = partition
         if timestamp is not None and timestamp != 0:
