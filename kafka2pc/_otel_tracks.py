@@ -97,22 +97,23 @@ class _WriterTrack:
     snapshot: Callable[[Any], _DualWriteMetricsLike]
     """The writer's (or the pool's summed) :class:`DualWriteMetrics` snapshot."""
     seen: dict[str, int] = field(default_factory=dict)
-    slots: dict[int, _SlotTrack] = field(default_factory=dict)
+    slots: weakref.WeakKeyDictionary[Any, _SlotTrack] = field(default_factory=weakref.WeakKeyDictionary)
+    """Per writer (a pool's retired slots drop out with their writers)."""
 
     def metrics(self) -> _DualWriteMetricsLike | None:
         target = self.writer()
         return None if target is None else self.snapshot(target)
 
     def slot(self, writer: _DualWriterLike) -> _SlotTrack:
-        track = self.slots.get(id(writer))
+        track = self.slots.get(writer)
         if track is None:
-            track = self.slots[id(writer)] = _SlotTrack({**self.attributes, TRANSACTIONAL_ID: writer.transactional_id})
+            track = self.slots[writer] = _SlotTrack({**self.attributes, TRANSACTIONAL_ID: writer.transactional_id})
         return track
 
     @property
     def prepared_since(self) -> float | None:
         """When the oldest transaction still prepared was prepared (``None``: none is)."""
-        times = [s.prepared_since for s in self.slots.values() if s.prepared_since is not None]
+        times = [s.prepared_since for s in list(self.slots.values()) if s.prepared_since is not None]
         return min(times) if times else None
 
 
