@@ -209,3 +209,14 @@ def test_async_writers(otel: Collected, kafka_bootstrap: str, tmp_path: Path, ki
 def test_anything_else_is_refused(otel: Collected) -> None:
     with pytest.raises(TypeError, match="DualWriter, WriterPool"):
         otel.telemetry.instrument_dual_writer(object())
+
+
+def test_the_public_names_of_kafka2pc_otel() -> None:
+    import kafka2pc.otel
+
+    assert kafka2pc.otel.__all__ == [
+        "ATTRIBUTES", "INSTRUMENTS", "SCOPE", "SPANS", "Instrument", "Telemetry",
+        "instrument_dual_writer", "instrument_producer", "instrument_spark_sink",
+    ]
+    assert len({i.name for i in INSTRUMENTS}) == len(INSTRUMENTS) and all(i.name.startswith("kafka2pc.")
+                                                                          for i in INSTRUMENTS)
