@@ -345,3 +345,16 @@ def test_writer_status_is_state(engine: sa.Engine) -> None:
     writer = DualWriter(engine, WRITER_CONFIG)
     with warns("DualWriter.status", "DualWriter.state"):
         assert writer.status is writer.state
+
+
+def test_flush_without_a_bound_is_deprecated_and_close_refuses_a_negative_timeout(engine: sa.Engine) -> None:
+    producer = kafka2pc.TwoPhaseCommitProducer(WRITER_CONFIG)
+    try:
+        with warns("flush(timeout=-1)", "flush(timeout=<seconds>)"), pytest.raises(kafka2pc.IllegalStateError):
+            producer.flush(-1)
+    finally:
+        producer.close(timeout=0.5)
+    with TransactionAdmin(UNREACHABLE) as admin, pytest.raises(UsageError, match="not negative"):
+        admin.close(timeout=-1)
+    with pytest.raises(UsageError, match="not negative"):
+        DualWriter(engine, WRITER_CONFIG).close(timeout=-1)
