@@ -237,7 +237,7 @@ def run(args: argparse.Namespace) -> tuple[Totals, str]:
             alive = sum(1 for t in threading.enumerate() if t.name.startswith(THREAD_PREFIX[name]))
             totals.driver_threads[name] = max(totals.driver_threads.get(name, 0), alive)
         report = monitor.report
-        return Sample(per_round / elapsed, report.max_stall * 1e3, report.percentile(0.99) * 1e3)
+        return Sample(per_round / elapsed, report.max_stall_s * 1e3, report.percentile_s(0.99) * 1e3)
 
     def one_round(name: str, warm: bool) -> None:
         if name == "sync threads":

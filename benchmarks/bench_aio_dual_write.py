@@ -181,7 +181,7 @@ class Bench:
                 start = time.perf_counter()
                 peak, *_ = await asyncio.gather(sample(), *(request_loop(i) for i in range(concurrency)))
                 elapsed = time.perf_counter() - start
-            return count / elapsed, peak - idle, monitor.report.percentile(0.99), monitor.report.max_stall
+            return count / elapsed, peak - idle, monitor.report.percentile_s(0.99), monitor.report.max_stall_s
 
         return self.loop.run_until_complete(main())
 

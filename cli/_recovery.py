@@ -115,7 +115,7 @@ def _report(
                         else:
                             held.claim()  # committed before Kafka is touched: a live writer cannot commit
                             settlement = admin.complete_transaction(
-                                row.transactional_id, state, fence=True, raise_on_heuristic=False
+                                row.transactional_id, state, fence=True, on_heuristic="report"
                             )
                             if settlement.plan.decision.value != "nothing":
                                 held.taken_over()  # fenced: a live writer must learn it before it commits

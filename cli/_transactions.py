@@ -144,7 +144,7 @@ def complete_command(
             outcome, heuristic = None, plan.heuristic
         else:
             settlement = admin.complete_transaction(
-                transactional_id, prepared, fence=True, raise_on_heuristic=False
+                transactional_id, prepared, fence=True, on_heuristic="report"
             )
             plan, outcome, heuristic = settlement.plan, settlement.outcome, settlement.heuristic
     if plan.coordinator is None:

@@ -191,7 +191,7 @@ async def get_order(order_id: str, request: Request) -> dict[str, Any]:
 async def health(request: Request) -> dict[str, Any]:
     writers = request.app.state.writers.all
     return {
-        "writers": {w.transactional_id: w.status.value for w in writers},
+        "writers": {w.transactional_id: w.state.value for w in writers},
         "committed": sum(w.metrics().transactions_committed for w in writers),
         "rolled_back": sum(w.metrics().transactions_rolled_back for w in writers),
     }

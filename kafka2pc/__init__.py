@@ -9,6 +9,7 @@ See ``README.md`` for the dual-write recipe, the recovery routine and the CLI.
 
 from typing import TYPE_CHECKING, Any
 
+from kafka2pc._deadline import DEFAULT_CLOSE_TIMEOUT_S, DEFAULT_TIMEOUT_S, TIMEOUT_SLACK_S
 from kafka2pc._exceptions import (
     AbortableError,
     AuthorizationError,
@@ -24,6 +25,7 @@ from kafka2pc._exceptions import (
     QueueFullError,
     RetriableError,
     TransactionalIdMismatchError,
+    UnknownTopicError,
     UnsupportedBrokerError,
     UsageError,
 )
@@ -56,6 +58,8 @@ __all__ = [
     "AbortableError",
     "AuthorizationError",
     "BrokerUnavailableError",
+    "DEFAULT_CLOSE_TIMEOUT_S",
+    "DEFAULT_TIMEOUT_S",
     "Decision",
     "FatalError",
     "HeuristicOutcomeError",
@@ -73,6 +77,7 @@ __all__ = [
     "RecoveryPlan",
     "RetriableError",
     "Settlement",
+    "TIMEOUT_SLACK_S",
     "TopicAndPartition",
     "TransactionAdmin",
     "TransactionDescription",
@@ -81,6 +86,7 @@ __all__ = [
     "TransactionalIdMismatchError",
     "TwoPhaseCommitProducer",
     "TxnState",
+    "UnknownTopicError",
     "UnsupportedBrokerError",
     "UsageError",
     "__version__",
@@ -130,6 +136,6 @@ if not TYPE_CHECKING:  # type checkers see the imports above; a visible __getatt
 
 
 for _name in __all__:
-    if _name != "__version__" and _name not in _LAZY:
+    if _name != "__version__" and _name not in _LAZY and not _name.isupper():
         _present_as_public(globals()[_name])
 del _name

@@ -21,11 +21,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from kafka2pc._control import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TIMEOUT_S, ControlPlane
 from kafka2pc._control._diagnosis import diagnose_unreachable
-from kafka2pc._deprecation import seconds_from_ms
+from kafka2pc._deprecation import deprecated_alias, renamed, seconds_from_ms
 from kafka2pc._exceptions import KafkaTransactionError, UsageError
 from kafka2pc._hanging import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, OpenTransaction, find_open_transactions
 from kafka2pc._hanging import partitions as metadata_partitions
@@ -50,9 +50,23 @@ from kafka2pc._types import (
     TransactionInfo,
 )
 
-__all__ = ["PartitionLag", "TransactionAdmin", "TransactionInfo"]
+__all__ = ["AdminOnHeuristic", "PartitionLag", "TransactionAdmin", "TransactionInfo", "on_heuristic_raises"]
 
 logger = logging.getLogger(__name__)
+
+AdminOnHeuristic = Literal["raise", "report"]
+"""What a settlement does when Kafka aborted the transaction the state names (a heuristic outcome):
+``"raise"`` :class:`HeuristicOutcomeError`, or ``"report"`` it in the :class:`Settlement`."""
+
+
+def on_heuristic_raises(where: str, on_heuristic: str, raise_on_heuristic: bool | None) -> bool:
+    """Whether a heuristic outcome raises, from ``on_heuristic`` or the deprecated ``raise_on_heuristic`` flag."""
+    if raise_on_heuristic is not None:
+        renamed(f"{where}(raise_on_heuristic=...)", "on_heuristic='raise' or 'report'", stacklevel=4)
+        return raise_on_heuristic
+    if on_heuristic not in ("raise", "report"):
+        raise UsageError(f"{where}: on_heuristic must be 'raise' or 'report', not {on_heuristic!r}")
+    return on_heuristic == "raise"
 
 class TransactionAdmin:
     """Inspect, settle and terminate transactions from any process (no producer needed).
@@ -64,7 +78,7 @@ class TransactionAdmin:
 
         with TransactionAdmin({"bootstrap.servers": "localhost:9092"}) as admin:
             for info in admin.list_transactions(min_open_s=60):
-                print(info.transactional_id, info.open_for_ms)
+                print(info.transactional_id, info.open_for_s)
             admin.force_terminate_transaction("orders-1")
     """
 
@@ -110,8 +124,15 @@ class TransactionAdmin:
         """The bound of a method call given no ``timeout``."""
         return self._ctrl.timeout_s
 
-    def close(self) -> None:
-        """Close the connections (unless they are shared: see ``control_plane`` in the constructor)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Close the connections (unless they are shared: see ``control_plane`` in the constructor).
+
+        Closing sockets does not wait on the network: it returns at once,
+        well within any ``timeout`` (accepted for the signature every
+        ``close`` of kafka2pc shares).
+        """
+        if timeout is not None and timeout < 0:
+            raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
         if self._owns_ctrl:
             self._ctrl.close()
 
@@ -171,7 +192,6 @@ class TransactionAdmin:
         coordinator state.  ``min_open_ms`` is its deprecated 0.1 spelling.
         """
         min_open_s = seconds_from_ms("list_transactions", "min_open_ms", min_open_ms, "min_open_s", min_open_s)
-        min_open_ms_ = None if min_open_s is None else min_open_s * 1000.0
         with self._ctrl.deadline(timeout):
             listings = self._ctrl.list_transactions(states=states)
             descs = [d for d in map(self._ctrl.describe_transaction, (t.transactional_id for t in listings)) if d]
@@ -180,7 +200,7 @@ class TransactionAdmin:
             now_ms = int(time.time() * 1000)
             infos = [
                 info for info in (self._info(desc, now_ms) for desc in descs)
-                if min_open_ms_ is None or (info.is_open and info.open_for_ms >= min_open_ms_)
+                if min_open_s is None or (info.is_open and (info.open_for_s or 0.0) >= min_open_s)
             ]
         return sorted(infos, key=lambda i: (not i.is_open, i.description.start_time_ms, i.transactional_id))
 
@@ -215,10 +235,19 @@ class TransactionAdmin:
         return before
 
     def transaction_outcome(
-        self, transactional_id: str, state: PreparedTxnState, *, timeout: float | None = None
+        self, transactional_id: str, state: PreparedTxnState, *, settled: bool = False, timeout: float | None = None
     ) -> TransactionOutcome:
-        """Ongoing, committed or aborted: what became of the transaction ``state`` names."""
+        """Ongoing, committed or aborted: what became of the transaction ``state`` names.
+
+        The coordinator is asked first (an open transaction is ``ONGOING``),
+        then the transaction's anchor record is probed.  ``settled=True``
+        skips the coordinator: for a transaction known to be settled, by this
+        process or another, one read-only probe of its anchor record (an open
+        one reads as ``ONGOING`` or ``UNKNOWN``).
+        """
         state.check_transactional_id(transactional_id)
+        if settled:
+            return self._probe_outcome(state, timeout)
         with self._ctrl.deadline(timeout):
             recovery_plan = plan(self._ctrl, transactional_id, state)
             if recovery_plan.stored_outcome is TransactionOutcome.ONGOING:
@@ -238,31 +267,37 @@ class TransactionAdmin:
         state: PreparedTxnState,
         *,
         fence: bool = True,
-        raise_on_heuristic: bool = True,
+        on_heuristic: AdminOnHeuristic = "raise",
         timeout: float | None = None,
+        raise_on_heuristic: bool | None = None,
     ) -> Settlement:
         """KIP-939 ``completeTransaction`` from any process: commit iff ``state`` is the open transaction.
 
-        With ``fence=True``, when a transaction was committed or aborted, the
-        producer id's epoch is bumped afterwards so an old instance still running
-        is fenced.  When nothing was open nothing is sent, so a healthy running
-        producer is left alone.
+        With ``fence=True`` (the default, as in :meth:`settle_many`), when a
+        transaction was committed or aborted, the producer id's epoch is
+        bumped afterwards so an old instance still running is fenced.  When
+        nothing was open nothing is sent, so a healthy running producer is
+        left alone.  A heuristic outcome (Kafka aborted the transaction
+        ``state`` names) raises :class:`HeuristicOutcomeError` with
+        ``on_heuristic="raise"`` (default), or is reported in the
+        :class:`Settlement` with ``"report"``.  ``raise_on_heuristic`` is the
+        deprecated rc1 flag.
         """
+        raises = on_heuristic_raises("TransactionAdmin.complete_transaction", on_heuristic, raise_on_heuristic)
         if not isinstance(state, PreparedTxnState):
             raise UsageError(f"state must be a PreparedTxnState, not {type(state).__name__}")
         with self._ctrl.deadline(timeout):
-            settlement = settle(self._ctrl, transactional_id, state, raise_on_heuristic=raise_on_heuristic)
+            settlement = settle(self._ctrl, transactional_id, state, raise_on_heuristic=raises)
             if fence and settlement.plan.coordinator is not None and settlement.plan.decision is not Decision.NOTHING:
                 self._ctrl.fence(transactional_id, settlement.plan.coordinator)
         return settlement
 
+    @deprecated_alias("outcome_of", "transaction_outcome")
     def outcome_of(self, state: PreparedTxnState, *, timeout: float | None = None) -> TransactionOutcome:
-        """What became of the transaction ``state`` names: a read-only probe of its anchor record.
+        """``transaction_outcome(transactional_id, state, settled=True)``."""
+        return self._probe_outcome(state, timeout)
 
-        Unlike :meth:`transaction_outcome` it does not look at the coordinator
-        (so an open transaction reads as ``ONGOING`` or ``UNKNOWN``); use it
-        for a transaction that was settled, by this process or another.
-        """
+    def _probe_outcome(self, state: PreparedTxnState, timeout: float | None) -> TransactionOutcome:
         with self._ctrl.deadline(timeout):
             return outcome_of(self._ctrl, state)
 
@@ -288,11 +323,12 @@ class TransactionAdmin:
         self,
         states: Mapping[str, PreparedTxnState],
         *,
-        fence: bool = False,
-        raise_on_heuristic: bool = True,
+        fence: bool = True,
+        on_heuristic: AdminOnHeuristic = "raise",
         on_settled: Callable[[str, Settlement], None] | None = None,
         markers_timeout_s: float = 10.0,
         timeout: float | None = None,
+        raise_on_heuristic: bool | None = None,
     ) -> dict[str, Settlement]:
         """:meth:`complete_transaction` for each transactional id in ``states``, then wait for the markers.
 
@@ -301,15 +337,21 @@ class TransactionAdmin:
         waits, for up to ``markers_timeout_s`` in all, until the coordinator
         has written the commit or abort markers of the transactions it ended,
         so that their records are readable and the ids can be initialised
-        again at once when this returns.  With ``raise_on_heuristic=True`` the
-        first heuristic outcome raises :class:`HeuristicOutcomeError` (the ids
-        before it are settled).
+        again at once when this returns.  ``fence`` as in
+        :meth:`complete_transaction` (default ``True``; ``False`` leaves the
+        epochs alone, for producers that end with the call).  With
+        ``on_heuristic="raise"`` (default) the first heuristic outcome raises
+        :class:`HeuristicOutcomeError` (the ids before it are settled);
+        ``"report"`` reports each in its :class:`Settlement`.
+        ``raise_on_heuristic`` is the deprecated rc1 flag.
         """
+        raises = on_heuristic_raises("TransactionAdmin.settle_many", on_heuristic, raise_on_heuristic)
+        heuristic: AdminOnHeuristic = "raise" if raises else "report"
         settlements: dict[str, Settlement] = {}
         ended: list[str] = []
         for transactional_id, state in states.items():
             settlement = self.complete_transaction(
-                transactional_id, state, fence=fence, raise_on_heuristic=raise_on_heuristic, timeout=timeout
+                transactional_id, state, fence=fence, on_heuristic=heuristic, timeout=timeout
             )
             settlements[transactional_id] = settlement
             if settlement.plan.decision is not Decision.NOTHING:
@@ -349,7 +391,7 @@ class TransactionAdmin:
                 continue
             state = states.get(tid)
             if state is not None:
-                settlement = self.complete_transaction(tid, state, fence=False, raise_on_heuristic=False,
+                settlement = self.complete_transaction(tid, state, fence=False, on_heuristic="report",
                                                        timeout=timeout)
                 logger.info("settled open transaction of %s: %s (%s)", tid, settlement.plan.decision.value,
                             settlement.plan.reason)
@@ -463,13 +505,23 @@ class TransactionAdmin:
         with self._ctrl.deadline(timeout):
             return self._ctrl.topic_names()
 
-    def max_transaction_timeout_ms(self, *, timeout: float | None = None) -> int | None:
-        """The largest ``transaction.timeout.ms`` a producer can use here (``None`` if the broker does not say).
+    def max_transaction_timeout_s(self, *, timeout: float | None = None) -> float | None:
+        """The largest transaction timeout a producer can use here, in seconds (``None`` if the broker does not say).
 
         The broker's ``transaction.max.timeout.ms``, capped at librdkafka's
         limit of 2**31 microseconds (above it librdkafka's request timeouts
-        wrap around).
+        wrap around).  Set ``transaction.timeout.ms`` (Kafka's key, in
+        milliseconds) to at most ``1000 *`` this.
         """
+        limit_ms = self._max_transaction_timeout_ms(timeout)
+        return None if limit_ms is None else limit_ms / 1000
+
+    @deprecated_alias("max_transaction_timeout_ms", "max_transaction_timeout_s")
+    def max_transaction_timeout_ms(self, *, timeout: float | None = None) -> int | None:
+        """The same limit in milliseconds."""
+        return self._max_transaction_timeout_ms(timeout)
+
+    def _max_transaction_timeout_ms(self, timeout: float | None) -> int | None:
         from kafka2pc._producer_config import LIBRDKAFKA_MAX_TRANSACTION_TIMEOUT_MS
 
         with self._ctrl.deadline(timeout):
@@ -532,7 +584,7 @@ class TransactionAdmin:
     def _info(self, desc: TransactionDescription, now_ms: int | None = None) -> TransactionInfo:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         is_open = desc.state in OPEN_STATES
-        open_for = max(0, now_ms - desc.start_time_ms) if is_open and desc.start_time_ms > 0 else -1
+        open_for = max(0, now_ms - desc.start_time_ms) / 1000 if is_open and desc.start_time_ms > 0 else None
         lags = []
         if is_open:
             for tp in sorted(desc.partitions):

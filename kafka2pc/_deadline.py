@@ -6,7 +6,7 @@ import time
 
 from kafka2pc._exceptions import BrokerUnavailableError, UsageError
 
-__all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_SLACK_S", "deadline_after", "time_left"]
+__all__ = ["DEFAULT_CLOSE_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "TIMEOUT_SLACK_S", "deadline_after", "time_left"]
 
 DEFAULT_TIMEOUT_S = 60.0
 """The bound of ``init_transactions``, ``prepare_transaction``, ``commit_transaction``,
@@ -18,6 +18,9 @@ Without it librdkafka would wait until the broker returns, bounded only by
 to about 35 minutes), holding the caller's database transaction all that time.
 A call given ``timeout`` ends within it plus :data:`TIMEOUT_SLACK_S`.
 """
+DEFAULT_CLOSE_TIMEOUT_S = 30.0
+"""The bound of every ``close()`` given no ``timeout`` (producer, writers, pools, admin): what closing may
+spend asking the coordinator about a transaction an abort left in doubt, or draining background commits."""
 TIMEOUT_SLACK_S = 1.0
 """What a bounded call may overrun its ``timeout`` by: the request or poll in
 flight when the deadline passes (librdkafka and kafka-python check their

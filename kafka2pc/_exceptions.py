@@ -20,7 +20,8 @@ and chained with ``raise ... from exc``::
     └── UsageError                     misuse: nothing was sent
         ├── IllegalStateError              call not allowed in the producer's current state
         ├── InvalidPreparedStateError      malformed PreparedTxnState text (also a ValueError)
-        └── TransactionalIdMismatchError   state belongs to another transactional id
+        ├── TransactionalIdMismatchError   state belongs to another transactional id
+        └── UnknownTopicError              a record (or a sink's option) names a topic that does not exist
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ __all__ = [
     "QueueFullError",
     "RetriableError",
     "TransactionalIdMismatchError",
+    "UnknownTopicError",
     "UnsupportedBrokerError",
     "UsageError",
 ]
@@ -165,3 +167,18 @@ class InvalidPreparedStateError(UsageError, ValueError):
 
 class TransactionalIdMismatchError(UsageError):
     """A prepared state was produced under a different ``transactional.id``."""
+
+
+class UnknownTopicError(UsageError):
+    """A record (or a Spark sink's ``topic`` option) names a topic that does not exist, and the cluster
+    does not create topics automatically; ``topic`` names it (``None`` when unknown).
+
+    Kafka's ``UNKNOWN_TOPIC_OR_PARTITION``.  The dual-write recipe raises it
+    from ``tx.produce`` before anything is sent; the Spark sinks before a
+    batch starts.  ``kafka2pc.recipes.dual_write.TopicNotFoundError`` is its
+    deprecated rc1 name.
+    """
+
+    def __init__(self, message: str, topic: str | None = None) -> None:
+        super().__init__(message)
+        self.topic = topic

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kafka2pc._control import ControlPlane
+from kafka2pc._deprecation import deprecated_property
 from kafka2pc._exceptions import UsageError
 from kafka2pc._logging import with_librdkafka_logger
 from kafka2pc._types import OPEN_STATES, ProducerState, TopicAndPartition, TransactionDescription
@@ -49,13 +50,15 @@ class OpenTransaction:
 
     partition: TopicAndPartition
     producer: ProducerState
-    duration_ms: int
-    """Milliseconds since the producer last wrote to the partition."""
+    duration_s: float
+    """Seconds since the producer last wrote to the partition."""
     transactional_id: str | None
     """The transactional id a coordinator lists for the producer id (``None``: none does)."""
     coordinator_state: str | None
     hanging: bool
     reason: str
+
+    duration_ms = deprecated_property("duration_ms", "duration_s", lambda self: round(self.duration_s * 1000))
 
 
 def judge(
@@ -116,7 +119,7 @@ def find_open_transactions(
     for tp, producer in candidates:
         hanging, reason, tid, state = judge(tp, producer, tids_by_pid.get(producer.producer_id, []), descriptions)
         age_ms = max(0, now - producer.last_timestamp_ms)
-        found.append(OpenTransaction(tp, producer, age_ms, tid, state, hanging, reason))
+        found.append(OpenTransaction(tp, producer, age_ms / 1000, tid, state, hanging, reason))
     return sorted(found, key=lambda o: (o.partition, o.producer.producer_id))
 
 

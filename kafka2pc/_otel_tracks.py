@@ -32,16 +32,17 @@ class _DualWriteMetricsLike(Protocol):
 
 
 class _DualWriterLike(Protocol):
-    """What :meth:`Telemetry.instrument_dual_writer` uses of ``kafka2pc.recipes.dual_write.DualWriter``."""
+    """What :meth:`Telemetry.instrument_dual_writer` uses of one writer (a ``DualWriter``, a pool's slot)."""
 
-    _on_step: Callable[[Any], None] | None
+    _step_observers: list[Callable[[Any, Any], None]]
 
     @property
     def transactional_id(self) -> str: ...
     def metrics(self) -> _DualWriteMetricsLike: ...
 
 
-_W = TypeVar("_W", bound="_DualWriterLike")
+_W = TypeVar("_W")
+"""``DualWriter``, ``WriterPool``, ``AsyncDualWriter`` or ``AsyncWriterPool``."""
 
 
 @runtime_checkable
@@ -68,6 +69,7 @@ _S = TypeVar("_S", bound="_SinkLike | _BatchSourceLike")
 COMPONENT = "kafka2pc.component"
 """The attribute naming what a point or span is about: ``producer``, ``dual_write`` or ``spark_sink``."""
 TRANSACTIONAL_ID = "kafka2pc.transactional_id"
+POOL = "kafka2pc.pool"
 SINK_ID = "kafka2pc.sink_id"
 
 _OPEN_STATES = frozenset(
@@ -85,13 +87,43 @@ class _ProducerTrack:
 
 
 @dataclass
-class _WriterTrack:
-    writer: weakref.ref[_DualWriterLike]
+class _SlotTrack:
+    """One writer's transaction in progress (a pool has one per slot): its phase spans and its prepare."""
+
     attributes: dict[str, str]
-    seen: dict[str, int] = field(default_factory=dict)
     prepared_since: float | None = None
     spans: dict[str, tuple[Span, float]] = field(default_factory=dict)
     rolled_back_at_begin: int = 0
+
+
+@dataclass
+class _WriterTrack:
+    """A writer or a pool: its counters' last values, and a :class:`_SlotTrack` per writer that ran."""
+
+    writer: weakref.ref[Any]
+    """The sync writer or pool (an asyncio one's ``_sync``)."""
+    attributes: dict[str, str]
+    snapshot: Callable[[Any], _DualWriteMetricsLike]
+    """The writer's (or the pool's summed) :class:`DualWriteMetrics` snapshot."""
+    seen: dict[str, int] = field(default_factory=dict)
+    slots: weakref.WeakKeyDictionary[Any, _SlotTrack] = field(default_factory=weakref.WeakKeyDictionary)
+    """Per writer (a pool's retired slots drop out with their writers)."""
+
+    def metrics(self) -> _DualWriteMetricsLike | None:
+        target = self.writer()
+        return None if target is None else self.snapshot(target)
+
+    def slot(self, writer: _DualWriterLike) -> _SlotTrack:
+        track = self.slots.get(writer)
+        if track is None:
+            track = self.slots[writer] = _SlotTrack({**self.attributes, TRANSACTIONAL_ID: writer.transactional_id})
+        return track
+
+    @property
+    def prepared_since(self) -> float | None:
+        """When the oldest transaction still prepared was prepared (``None``: none is)."""
+        times = [s.prepared_since for s in list(self.slots.values()) if s.prepared_since is not None]
+        return min(times) if times else None
 
 
 @dataclass

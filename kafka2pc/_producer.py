@@ -20,7 +20,8 @@ from confluent_kafka import KafkaError, KafkaException, Message
 
 from kafka2pc._anchoring import Anchoring
 from kafka2pc._control import ControlPlane
-from kafka2pc._deadline import deadline_after
+from kafka2pc._deadline import DEFAULT_CLOSE_TIMEOUT_S, DEFAULT_TIMEOUT_S, deadline_after
+from kafka2pc._deprecation import renamed
 from kafka2pc._ending import Ending
 from kafka2pc._exceptions import (
     FatalError,
@@ -188,21 +189,25 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         topic: str,
         value: str | bytes | None = None,
         key: str | bytes | None = None,
-        partition: int = -1,
+        partition: int | None = None,
         on_delivery: DeliveryCallback | None = None,
-        timestamp: int = 0,
+        timestamp: int | None = None,
         headers: Headers | None = None,
         *,
         callback: DeliveryCallback | None = None,
     ) -> None:
-        """Send a record within the transaction: the parameters of ``confluent_kafka.Producer.produce``.
+        """Send a record within the transaction.
 
-        ``partition=-1`` lets the configured partitioner choose; ``on_delivery``
-        is called with ``(error, message)`` from :meth:`poll` or :meth:`flush`
-        once the record is delivered or failed; ``timestamp`` is in
-        milliseconds since the epoch (``0``: now), as Kafka stores it;
-        ``headers`` is a dict or a list of ``(name, value)`` pairs.
-        ``callback`` is confluent-kafka's other name for ``on_delivery``.
+        The one ``produce`` parameter list of kafka2pc (this producer, the
+        asyncio one, and a dual-write transaction's ``tx.produce``), in
+        ``confluent_kafka.Producer.produce``'s order: ``partition`` (``None``:
+        the configured partitioner chooses); ``on_delivery``, called with
+        ``(error, message)`` from :meth:`poll` or :meth:`flush` once the
+        record is delivered or failed; ``timestamp`` in milliseconds since the
+        epoch, as Kafka stores it (``None``: now); ``headers``, a dict or a
+        list of ``(name, value)`` pairs.  ``callback`` (confluent-kafka's
+        other name for ``on_delivery``), ``partition=-1`` and ``timestamp=0``
+        are deprecated spellings.
 
         Raises :class:`QueueFullError` (also a ``BufferError``) when the local queue is full.
 
@@ -210,19 +215,26 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
 
             producer.produce("orders", value=b"created", key=b"42", headers={"source": b"web"})
         """
+        if callback is not None:
+            renamed("TwoPhaseCommitProducer.produce(callback=...)", "on_delivery=")
+            if on_delivery is None:
+                on_delivery = callback
         self._machine.check("produce")
-        user_cb = on_delivery if on_delivery is not None else callback
         producer = self._require_producer()
+        if partition == -1 or timestamp == 0:
+            renamed("produce(partition=-1, timestamp=0)", "partition=None, timestamp=None (the defaults)")
+            partition = None if partition == -1 else partition
+            timestamp = None if timestamp == 0 else timestamp
         if self._errors_only:
             self._note_written(topic, partition)
         try:
-            if user_cb is None and partition == -1 and timestamp == 0 and headers is None:
+            if on_delivery is None and partition is None and timestamp is None and headers is None:
                 producer.produce(topic, value, key)
             else:
                 producer.produce(
-                    topic, value=value, key=key, partition=partition,
-                    on_delivery=None if user_cb is None else self._delivery_callback(user_cb),
-                    timestamp=timestamp, headers=headers,
+                    topic, value=value, key=key, partition=-1 if partition is None else partition,
+                    on_delivery=None if on_delivery is None else self._delivery_callback(on_delivery),
+                    timestamp=0 if timestamp is None else timestamp, headers=headers,
                 )
         except BufferError as exc:
             raise QueueFullError(str(exc)) from exc
@@ -312,9 +324,21 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         """
         return int(self._call(lambda p: p.poll(timeout), "poll"))
 
-    def flush(self, timeout: float = -1) -> int:
-        """Wait for outstanding records (as ``confluent_kafka.Producer.flush``); errors as :meth:`poll`."""
-        return int(self._call(lambda p: p.flush(timeout), "flush"))
+    def flush(self, timeout: float | None = None) -> int:
+        """Wait for outstanding records, up to ``timeout`` seconds; return how many are still outstanding.
+
+        ``None``: :data:`~kafka2pc.DEFAULT_TIMEOUT_S`.  A negative ``timeout``
+        (confluent-kafka's "no bound") is deprecated: it still waits without
+        a bound, and warns.  Errors as :meth:`poll`.
+        """
+        if timeout is not None and timeout < 0:
+            renamed("flush(timeout=-1)", "flush(timeout=<seconds>) (None: DEFAULT_TIMEOUT_S)")
+        return self._flush(timeout)
+
+    def _flush(self, timeout: float | None) -> int:
+        """:meth:`flush` without the deprecation warning (the asyncio producer gives it on the loop)."""
+        bound = DEFAULT_TIMEOUT_S if timeout is None else -1 if timeout < 0 else timeout
+        return int(self._call(lambda p: p.flush(bound), "flush"))
 
     def __len__(self) -> int:
         return len(self._producer) if self._producer is not None else 0
@@ -473,14 +497,17 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         # commit was decided.  The caller retries complete_transaction.
         self._reinitialize(deadline_after(None) if deadline is None else deadline)
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Flush nothing, release the producer and the control plane connections.
 
         After an abort that ran while records were still in flight, the
-        coordinator is asked first (within ``timeout``) and a transaction it
+        coordinator is asked first (within ``timeout`` seconds; ``None``:
+        :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`, 30 s) and a transaction it
         still holds open is aborted, so the transactional id is handed back
         with nothing open.
         """
+        if timeout is None:
+            timeout = DEFAULT_CLOSE_TIMEOUT_S
         if self._abort_doubtful and self._producer is not None and self.state is TxnState.READY:
             self._end_left_open(deadline_after(timeout))
         if self._producer is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kafka2pc._deprecation import deprecated_property
+
 __all__ = [
     "OPEN_STATES",
     "InitProducerIdResult",
@@ -130,9 +132,13 @@ class TransactionInfo:
     """One transaction as the coordinator sees it, with its age and its cost to consumers."""
 
     description: TransactionDescription
-    open_for_ms: int
-    """Milliseconds since the transaction started (``-1`` when none is open)."""
+    open_for_s: float | None
+    """Seconds since the transaction started (``None`` when none is open)."""
     partitions: tuple[PartitionLag, ...]
+
+    open_for_ms = deprecated_property(
+        "open_for_ms", "open_for_s", lambda self: -1 if self.open_for_s is None else round(self.open_for_s * 1000)
+    )
 
     @property
     def transactional_id(self) -> str:

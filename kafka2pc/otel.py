@@ -6,13 +6,18 @@ instrument what you run::
     from kafka2pc.otel import Telemetry
 
     telemetry = Telemetry()                     # the global meter and tracer providers
-    producer = telemetry.instrument_producer(TwoPhaseCommitProducer(config))
-    writer = telemetry.instrument_dual_writer(DualWriter(engine, config))
+    producer = telemetry.instrument_producer(TwoPhaseCommitProducer(config))   # or an AsyncTwoPhaseCommitProducer
+    writer = telemetry.instrument_dual_writer(DualWriter(engine, config))       # or WriterPool, AsyncDualWriter,
+                                                                                # AsyncWriterPool
     df.writeStream.foreachBatch(telemetry.instrument_spark_sink(sink))
+
+Every kind emits the same names: :data:`INSTRUMENTS` and :data:`SPANS` are the
+one table of them (the Spark recipe's instrumentation reuses it).
 
 Instruments (meter ``kafka2pc``; every point carries ``kafka2pc.component`` =
 ``producer``, ``dual_write`` or ``spark_sink``, and
-``kafka2pc.transactional_id`` or ``kafka2pc.sink_id``):
+``kafka2pc.transactional_id``, ``kafka2pc.pool`` (a writer pool's prefix) or
+``kafka2pc.sink_id``):
 
 * ``kafka2pc.transactions.committed`` (Counter): transactions committed, a recovery's commits too;
 * ``kafka2pc.transactions.aborted`` (Counter): transactions aborted or rolled back;
@@ -40,8 +45,11 @@ How each part is observed, without changing it:
 
 * the core producer: ``instrument_producer`` wraps the instance's
   transaction methods (the class is untouched);
-* the dual write: its ``on_step`` hook times the phases, and its
-  ``metrics()`` snapshot feeds the counters and gauges (read at each
+* the core producer, asyncio: the sync producer it drives is instrumented; its
+  calls run in the awaiting task's context (spans are children of its span);
+* the dual write (a writer or a pool, sync or asyncio): the writer's steps
+  (those ``on_step`` sees) time the phases, and its ``metrics()`` snapshot
+  (a pool's ``metrics().transactions``) feeds the counters and gauges (read at each
   collection, so nothing drifts: a rollback that passes no step is counted
   too).  A phase span an exception interrupted ends, with status ERROR, when
   the writer starts its next transaction or recovery;
@@ -65,7 +73,8 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 try:
     from opentelemetry import metrics, trace
@@ -84,11 +93,14 @@ from kafka2pc._otel_tracks import (
     _S,
     _W,
     COMPONENT,
+    POOL,
+    SINK_ID,
     TRANSACTIONAL_ID,
     _DualWriterLike,
     _ProducerTrack,
     _SinkLike,
     _SinkTrack,
+    _SlotTrack,
     _StepLike,
     _WriterTrack,
 )
@@ -97,12 +109,70 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from kafka2pc import TwoPhaseCommitProducer
+    from kafka2pc.aio import AsyncTwoPhaseCommitProducer
+
+    _P = TypeVar("_P", TwoPhaseCommitProducer, AsyncTwoPhaseCommitProducer)
 
 
-__all__ = ["SCOPE", "Telemetry", "instrument_dual_writer", "instrument_producer", "instrument_spark_sink"]
+__all__ = [
+    "ATTRIBUTES",
+    "INSTRUMENTS",
+    "SCOPE",
+    "SPANS",
+    "Instrument",
+    "Telemetry",
+    "instrument_dual_writer",
+    "instrument_producer",
+    "instrument_spark_sink",
+]
 
 SCOPE = "kafka2pc"
 """The instrumentation scope (meter and tracer name)."""
+
+
+@dataclass(frozen=True)
+class Instrument:
+    """One of kafka2pc's metric instruments: what every instrumented kind (and the Spark sinks) emits under it."""
+
+    name: str
+    kind: Literal["counter", "histogram", "gauge"]
+    unit: str
+    description: str
+
+
+INSTRUMENTS: tuple[Instrument, ...] = (
+    Instrument("kafka2pc.transactions.committed", "counter", "{transaction}", "Transactions committed"),
+    Instrument("kafka2pc.transactions.aborted", "counter", "{transaction}", "Transactions aborted or rolled back"),
+    Instrument("kafka2pc.heuristic_outcomes", "counter", "{transaction}",
+               "Transactions the database (or decision) committed and Kafka aborted"),
+    Instrument("kafka2pc.transaction.prepare.duration", "histogram", "s", "Time to prepare (flush) a transaction"),
+    Instrument("kafka2pc.transaction.commit.duration", "histogram", "s", "Time to commit a transaction in Kafka"),
+    Instrument("kafka2pc.transaction.db_commit.duration", "histogram", "s",
+               "Time to make the decision durable (database COMMIT, Spark decision file)"),
+    Instrument("kafka2pc.transaction.open.age", "gauge", "s", "Age of the open transaction"),
+    Instrument("kafka2pc.transaction.prepared.age", "gauge", "s", "Time since the open transaction was prepared"),
+    Instrument("kafka2pc.transactions.in_doubt", "gauge", "{transaction}",
+               "Prepared transactions whose outcome is not settled yet"),
+)
+"""Every metric kafka2pc emits (meter :data:`SCOPE`), one vocabulary for the producers, the dual writers,
+the writer pools and the Spark sinks; ``docs/observability.md`` lists the same names."""
+
+SPANS: tuple[str, ...] = (
+    "kafka2pc.prepare",
+    "kafka2pc.db_commit",
+    "kafka2pc.kafka_commit",
+    "kafka2pc.abort",
+    "kafka2pc.complete",
+    "kafka2pc.recovery",
+    "kafka2pc.spark.batch",
+)
+"""Every span name kafka2pc starts (tracer :data:`SCOPE`)."""
+
+ATTRIBUTES: tuple[str, ...] = (COMPONENT, TRANSACTIONAL_ID, POOL, SINK_ID)
+"""The attributes that say what a point or span is about: ``kafka2pc.component`` (``producer``,
+``dual_write``, ``spark_sink``), then the transactional id, the writer pool's prefix or the sink's id."""
+
+_BY_NAME = {i.name: i for i in INSTRUMENTS}
 
 class Telemetry:
     """kafka2pc's OpenTelemetry instruments, and the ``instrument_*`` methods that feed them.
@@ -125,43 +195,44 @@ class Telemetry:
         self._producers: list[_ProducerTrack] = []
         self._writers: list[_WriterTrack] = []
         self._sinks: list[_SinkTrack] = []
-        self._committed = meter.create_counter(
-            "kafka2pc.transactions.committed", unit="{transaction}", description="Transactions committed"
-        )
-        self._aborted = meter.create_counter(
-            "kafka2pc.transactions.aborted", unit="{transaction}",
-            description="Transactions aborted or rolled back",
-        )
-        self._heuristic = meter.create_counter(
-            "kafka2pc.heuristic_outcomes", unit="{transaction}",
-            description="Transactions the database (or decision) committed and Kafka aborted",
-        )
-        self._prepare_duration = meter.create_histogram(
-            "kafka2pc.transaction.prepare.duration", unit="s", description="Time to prepare (flush) a transaction"
-        )
-        self._commit_duration = meter.create_histogram(
-            "kafka2pc.transaction.commit.duration", unit="s", description="Time to commit a transaction in Kafka"
-        )
-        self._db_commit_duration = meter.create_histogram(
-            "kafka2pc.transaction.db_commit.duration", unit="s",
-            description="Time to make the decision durable (database COMMIT, Spark decision file)",
-        )
-        meter.create_observable_gauge(
-            "kafka2pc.transaction.open.age", callbacks=[self._observe_open_age], unit="s",
-            description="Age of the open transaction",
-        )
-        meter.create_observable_gauge(
-            "kafka2pc.transaction.prepared.age", callbacks=[self._observe_prepared_age], unit="s",
-            description="Time since the open transaction was prepared",
-        )
-        meter.create_observable_gauge(
-            "kafka2pc.transactions.in_doubt", callbacks=[self._observe_in_doubt], unit="{transaction}",
-            description="Prepared transactions whose outcome is not settled yet",
-        )
+        self._committed = self._counter(meter, "kafka2pc.transactions.committed")
+        self._aborted = self._counter(meter, "kafka2pc.transactions.aborted")
+        self._heuristic = self._counter(meter, "kafka2pc.heuristic_outcomes")
+        self._prepare_duration = self._histogram(meter, "kafka2pc.transaction.prepare.duration")
+        self._commit_duration = self._histogram(meter, "kafka2pc.transaction.commit.duration")
+        self._db_commit_duration = self._histogram(meter, "kafka2pc.transaction.db_commit.duration")
+        for name, callback in (
+            ("kafka2pc.transaction.open.age", self._observe_open_age),
+            ("kafka2pc.transaction.prepared.age", self._observe_prepared_age),
+            ("kafka2pc.transactions.in_doubt", self._observe_in_doubt),
+        ):
+            spec = _BY_NAME[name]
+            meter.create_observable_gauge(name, callbacks=[callback], unit=spec.unit, description=spec.description)
+
+    @staticmethod
+    def _counter(meter: metrics.Meter, name: str) -> metrics.Counter:
+        spec = _BY_NAME[name]
+        return meter.create_counter(name, unit=spec.unit, description=spec.description)
+
+    @staticmethod
+    def _histogram(meter: metrics.Meter, name: str) -> metrics.Histogram:
+        spec = _BY_NAME[name]
+        return meter.create_histogram(name, unit=spec.unit, description=spec.description)
 
     # -- the core producer ----------------------------------------------------------
-    def instrument_producer(self, producer: TwoPhaseCommitProducer) -> TwoPhaseCommitProducer:
-        """Record ``producer``'s transactions; returns the same producer (its methods wrapped)."""
+    def instrument_producer(self, producer: _P) -> _P:
+        """Record ``producer``'s transactions; returns the same producer (its methods wrapped).
+
+        ``producer`` is a :class:`~kafka2pc.TwoPhaseCommitProducer` or a
+        :class:`~kafka2pc.aio.AsyncTwoPhaseCommitProducer` (whose calls run the
+        sync producer's methods in its thread, in the awaiting task's context:
+        the spans are children of the task's current span).
+        """
+        sync: Any = getattr(producer, "sync_producer", producer)
+        self._instrument_sync_producer(sync)
+        return producer
+
+    def _instrument_sync_producer(self, producer: TwoPhaseCommitProducer) -> None:
         track = _ProducerTrack(
             weakref.ref(producer), {COMPONENT: "producer", TRANSACTIONAL_ID: producer.transactional_id}
         )
@@ -229,71 +300,84 @@ class Telemetry:
             ("complete_transaction", complete_transaction),
         ):
             setattr(producer, name, wrapper)
-        return producer
 
     # -- the dual write ----------------------------------------------------------------
     def instrument_dual_writer(self, writer: _W) -> _W:
-        """Record ``writer``'s transactions through its ``on_step`` hook and ``metrics()``; returns it.
+        """Record ``writer``'s transactions through its steps and ``metrics()``; returns the same object.
 
-        The writer's own ``on_step`` hook, if any, still runs (after this one).
+        ``writer`` is a ``DualWriter``, a ``WriterPool`` or their asyncio
+        twins (``AsyncDualWriter``, ``AsyncWriterPool``): the same metrics and
+        spans.  A pool's points carry ``kafka2pc.pool`` (its prefix) instead
+        of a transactional id, and its counters are the pool's
+        (``pool.metrics().transactions``: retired slots included); each span
+        names the slot's transactional id.  The writer's own ``on_step``
+        hook, if any, still runs (after this one).
         """
-        track = _WriterTrack(
-            weakref.ref(writer), {COMPONENT: "dual_write", TRANSACTIONAL_ID: writer.transactional_id}
-        )
+        inner: Any = getattr(writer, "_sync", writer)  # an asyncio writer or pool runs the sync one's code
+        observers: list[Callable[[Any, Any], None]] | None = getattr(inner, "_step_observers", None)
+        if observers is None or not callable(getattr(inner, "metrics", None)):
+            raise TypeError(
+                f"instrument_dual_writer() takes a DualWriter, WriterPool, AsyncDualWriter or AsyncWriterPool, "
+                f"not {type(writer).__name__}"
+            )
+        if hasattr(inner, "prefix"):  # a pool
+            track = _WriterTrack(weakref.ref(inner), {COMPONENT: "dual_write", POOL: inner.prefix},
+                                 lambda pool: pool.metrics().transactions)
+        else:
+            attributes = {COMPONENT: "dual_write", TRANSACTIONAL_ID: inner.transactional_id}
+            track = _WriterTrack(weakref.ref(inner), attributes, lambda one: one.metrics())
         with self._lock:
             self._writers.append(track)
-        self._sync_writer(track, writer)
-        previous: Callable[[Any], None] | None = writer._on_step
+        self._sync_writer(track)
 
-        def on_step(step: _StepLike) -> None:
-            self._writer_step(track, writer, step)
-            if previous is not None:
-                previous(step)
+        def observe(one: _DualWriterLike, step: _StepLike) -> None:
+            self._writer_step(track, one, step)
 
-        writer._on_step = on_step
+        observers.insert(0, observe)
         return writer
 
     def _writer_step(self, track: _WriterTrack, writer: _DualWriterLike, step: _StepLike) -> None:
         name = step.value
         now = time.monotonic()
+        slot = track.slot(writer)
         attrs = track.attributes
         if name in ("db_begun", "recovery_locked"):
             rolled_back = writer.metrics().transactions_rolled_back
-            self._end_stale_spans(track, "rolled back" if rolled_back > track.rolled_back_at_begin else "interrupted")
-            track.rolled_back_at_begin = rolled_back
-            track.prepared_since = None
-            self._sync_writer(track, writer)
+            self._end_stale_spans(slot, "rolled back" if rolled_back > slot.rolled_back_at_begin else "interrupted")
+            slot.rolled_back_at_begin = rolled_back
+            slot.prepared_since = None
+            self._sync_writer(track)
         if name == "recovery_locked":
-            self._start(track, "kafka2pc.recovery", now)
+            self._start(slot, "kafka2pc.recovery", now)
         elif name == "recovery_settled":
-            self._end(track, "kafka2pc.recovery", now)
-            track.prepared_since = None
-            self._sync_writer(track, writer)
+            self._end(slot, "kafka2pc.recovery", now)
+            slot.prepared_since = None
+            self._sync_writer(track)
         elif name == "body_done":
-            self._start(track, "kafka2pc.prepare", now)
+            self._start(slot, "kafka2pc.prepare", now)
         elif name == "prepared":
-            started = self._end(track, "kafka2pc.prepare", now)
+            started = self._end(slot, "kafka2pc.prepare", now)
             if started is not None:
                 self._prepare_duration.record(now - started, attrs)
-            track.prepared_since = now
+            slot.prepared_since = now
         elif name == "db_committing":
-            self._start(track, "kafka2pc.db_commit", now)
+            self._start(slot, "kafka2pc.db_commit", now)
         elif name == "db_committed":
-            started = self._end(track, "kafka2pc.db_commit", now)
+            started = self._end(slot, "kafka2pc.db_commit", now)
             if started is not None:
                 self._db_commit_duration.record(now - started, attrs)
-            self._start(track, "kafka2pc.kafka_commit", now)
+            self._start(slot, "kafka2pc.kafka_commit", now)
         elif name == "kafka_committed":
-            started = self._end(track, "kafka2pc.kafka_commit", now)
+            started = self._end(slot, "kafka2pc.kafka_commit", now)
             if started is not None:
                 self._commit_duration.record(now - started, attrs)
-            track.prepared_since = None
-            self._sync_writer(track, writer)
+            slot.prepared_since = None
+            self._sync_writer(track)
 
-    def _start(self, track: _WriterTrack, name: str, now: float) -> None:
+    def _start(self, track: _SlotTrack, name: str, now: float) -> None:
         track.spans[name] = (self._tracer.start_span(name, attributes=track.attributes), now)
 
-    def _end(self, track: _WriterTrack, name: str, now: float) -> float | None:
+    def _end(self, track: _SlotTrack, name: str, now: float) -> float | None:
         entry = track.spans.pop(name, None)
         if entry is None:
             return None
@@ -301,15 +385,17 @@ class Telemetry:
         return entry[1]
 
     @staticmethod
-    def _end_stale_spans(track: _WriterTrack, why: str) -> None:
+    def _end_stale_spans(track: _SlotTrack, why: str) -> None:
         for span, _ in track.spans.values():
             span.set_status(Status(StatusCode.ERROR, f"the transaction did not complete ({why})"))
             span.end()
         track.spans.clear()
 
-    def _sync_writer(self, track: _WriterTrack, writer: _DualWriterLike) -> None:
-        """Add what ``writer.metrics()`` counted since the last look to the counters."""
-        snapshot = writer.metrics()
+    def _sync_writer(self, track: _WriterTrack) -> None:
+        """Add what the writer's (or pool's) metrics counted since the last look to the counters."""
+        snapshot = track.metrics()
+        if snapshot is None:
+            return
         with self._lock:
             for key, counter in (
                 ("transactions_committed", self._committed),
@@ -400,9 +486,7 @@ class Telemetry:
             self._heuristic.add(len(batch.repaired_partitions), {**attrs, "kafka2pc.repaired": True})
 
     # -- gauges ------------------------------------------------------------------------
-    def _live(
-        self,
-    ) -> tuple[list[tuple[_ProducerTrack, TwoPhaseCommitProducer]], list[tuple[_WriterTrack, _DualWriterLike]]]:
+    def _live(self) -> tuple[list[tuple[_ProducerTrack, TwoPhaseCommitProducer]], list[tuple[_WriterTrack, Any]]]:
         with self._lock:
             producers = [(t, p) for t in self._producers if (p := t.producer()) is not None]
             writers = [(t, w) for t in self._writers if (w := t.writer()) is not None]
@@ -417,8 +501,8 @@ class Telemetry:
             if ptrack.open_since is not None and producer.state in _OPEN_STATES:
                 yield Observation(now - ptrack.open_since, ptrack.attributes)
         for wtrack, writer in writers:
-            self._sync_writer(wtrack, writer)
-            age = writer.metrics().oldest_open_transaction_age_s
+            self._sync_writer(wtrack)
+            age = wtrack.snapshot(writer).oldest_open_transaction_age_s
             if age is not None:
                 yield Observation(age, wtrack.attributes)
         for strack in list(self._sinks):
@@ -433,17 +517,18 @@ class Telemetry:
             if ptrack.prepared_since is not None and producer.state in _PREPARED_STATES:
                 yield Observation(now - ptrack.prepared_since, ptrack.attributes)
         for wtrack, writer in writers:
-            snapshot = writer.metrics()
+            snapshot = wtrack.snapshot(writer)
             open_ = snapshot.oldest_open_transaction_age_s is not None or snapshot.in_doubt_transactions > 0
-            if wtrack.prepared_since is not None and open_:
-                yield Observation(now - wtrack.prepared_since, wtrack.attributes)
+            since = wtrack.prepared_since
+            if since is not None and open_:
+                yield Observation(now - since, wtrack.attributes)
 
     def _observe_in_doubt(self, options: CallbackOptions) -> Iterable[Observation]:
         producers, writers = self._live()
         for ptrack, producer in producers:
             yield Observation(1 if producer.state is TxnState.IN_DOUBT else 0, ptrack.attributes)
         for wtrack, writer in writers:
-            yield Observation(writer.metrics().in_doubt_transactions, wtrack.attributes)
+            yield Observation(wtrack.snapshot(writer).in_doubt_transactions, wtrack.attributes)
         for strack in list(self._sinks):
             yield Observation(0, strack.attributes)
 
@@ -473,7 +558,7 @@ def _global() -> Telemetry:
         return _default
 
 
-def instrument_producer(producer: TwoPhaseCommitProducer) -> TwoPhaseCommitProducer:
+def instrument_producer(producer: _P) -> _P:
     """:meth:`Telemetry.instrument_producer` with OpenTelemetry's global providers."""
     return _global().instrument_producer(producer)
 

@@ -8,13 +8,17 @@ coordinator that does not answer delays the awaiting task, never the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
-from collections.abc import Callable, Collection, Iterable, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping
 from typing import Any, TypeVar
 
 from kafka2pc import (
     Decision,
     IllegalStateError,
+    KafkaTransactionError,
     OpenTransaction,
     PartitionLag,
     PreparedTxnState,
@@ -27,12 +31,16 @@ from kafka2pc import (
     TransactionInfo,
     TransactionOutcome,
 )
-from kafka2pc._deprecation import seconds_from_ms
+from kafka2pc._admin import AdminOnHeuristic, on_heuristic_raises
+from kafka2pc._deprecation import deprecated_alias, seconds_from_ms
 from kafka2pc.aio._worker import SerialWorker
 
 __all__ = ["AsyncTransactionAdmin"]
 
 _T = TypeVar("_T")
+
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("kafka2pc_aio_admin_deadline", default=None)
+"""The ``time.monotonic()`` deadline an :meth:`AsyncTransactionAdmin.bounded` block set for this task."""
 
 
 class AsyncTransactionAdmin:
@@ -48,7 +56,7 @@ class AsyncTransactionAdmin:
         async with AsyncTransactionAdmin({"bootstrap.servers": "localhost:9092"}) as admin:
             settlement = await admin.complete_transaction("orders-1", PreparedTxnState(stored_text))
             for info in await admin.list_transactions(min_open_s=60):
-                logger.warning("%s open for %d ms", info.transactional_id, info.open_for_ms)
+                logger.warning("%s open for %.0f s", info.transactional_id, info.open_for_s)
     """
 
     def __init__(
@@ -72,6 +80,43 @@ class AsyncTransactionAdmin:
     def timeout_s(self) -> float:
         """The bound of a method call given no ``timeout``."""
         return self._sync.timeout_s
+
+    @contextlib.asynccontextmanager
+    async def bounded(self, timeout: float | None) -> AsyncIterator[None]:
+        """Hold every call this task makes on this admin inside the block to one deadline.
+
+        As :meth:`kafka2pc.TransactionAdmin.bounded`: each call ends by
+        ``timeout`` seconds from now (``None``: the admin's ``timeout_s``); a
+        call's own ``timeout`` can only make that earlier.  Past the deadline
+        a call raises :class:`kafka2pc.BrokerUnavailableError`.
+        """
+        deadline = time.monotonic() + (self.timeout_s if timeout is None else timeout)
+        outer = _deadline.get()
+        token = _deadline.set(deadline if outer is None else min(outer, deadline))
+        try:
+            yield
+        finally:
+            _deadline.reset(token)
+
+    async def diagnose_connection(self, *, timeout: float | None = None) -> KafkaTransactionError | None:
+        """Why the cluster cannot be reached, if a second client can tell; ``None`` otherwise.
+
+        :meth:`kafka2pc.TransactionAdmin.diagnose_connection`, in a thread of
+        its own (it starts a short-lived librdkafka client).
+        """
+        return await asyncio.to_thread(self._sync.diagnose_connection, timeout=timeout)
+
+    async def partitions(
+        self,
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        broker_id: int | None = None,
+        timeout: float | None = None,
+    ) -> list[TopicAndPartition]:
+        """The partitions of ``topic`` (or only its ``partition``), or those ``broker_id`` leads, from metadata."""
+        return await self._call(functools.partial(
+            self._sync.partitions, topic=topic, partition=partition, broker_id=broker_id, timeout=timeout))
 
     async def describe_transaction(
         self, transactional_id: str, *, timeout: float | None = None
@@ -105,11 +150,14 @@ class AsyncTransactionAdmin:
             self._sync.force_terminate_transaction, transactional_id, only_ongoing=only_ongoing, timeout=timeout))
 
     async def transaction_outcome(
-        self, transactional_id: str, state: PreparedTxnState, *, timeout: float | None = None
+        self, transactional_id: str, state: PreparedTxnState, *, settled: bool = False, timeout: float | None = None
     ) -> TransactionOutcome:
-        """Ongoing, committed or aborted: what became of the transaction ``state`` names."""
-        return await self._call(
-            functools.partial(self._sync.transaction_outcome, transactional_id, state, timeout=timeout))
+        """Ongoing, committed or aborted: what became of the transaction ``state`` names.
+
+        As :meth:`kafka2pc.TransactionAdmin.transaction_outcome` (``settled=True``: only its anchor record is probed).
+        """
+        return await self._call(functools.partial(
+            self._sync.transaction_outcome, transactional_id, state, settled=settled, timeout=timeout))
 
     async def plan_recovery(
         self, transactional_id: str, state: PreparedTxnState, *, timeout: float | None = None
@@ -123,10 +171,14 @@ class AsyncTransactionAdmin:
         state: PreparedTxnState,
         *,
         fence: bool = True,
-        raise_on_heuristic: bool = True,
+        on_heuristic: AdminOnHeuristic = "raise",
         timeout: float | None = None,
+        raise_on_heuristic: bool | None = None,
     ) -> Settlement:
         """KIP-939 ``completeTransaction`` from any process: commit iff ``state`` is the open transaction.
+
+        As :meth:`kafka2pc.TransactionAdmin.complete_transaction`
+        (``raise_on_heuristic`` is the deprecated rc1 flag).
 
         Example::
 
@@ -135,14 +187,16 @@ class AsyncTransactionAdmin:
         """
         return await self._call(
             functools.partial(
-                self._sync.complete_transaction, transactional_id, state,
-                fence=fence, raise_on_heuristic=raise_on_heuristic, timeout=timeout,
+                self._sync.complete_transaction, transactional_id, state, fence=fence,
+                on_heuristic=_heuristic("AsyncTransactionAdmin.complete_transaction", on_heuristic, raise_on_heuristic),
+                timeout=timeout,
             )
         )
 
+    @deprecated_alias("outcome_of", "transaction_outcome")
     async def outcome_of(self, state: PreparedTxnState, *, timeout: float | None = None) -> TransactionOutcome:
-        """What became of the (settled) transaction ``state`` names: a read-only probe of its anchor record."""
-        return await self._call(functools.partial(self._sync.outcome_of, state, timeout=timeout))
+        """``await transaction_outcome(transactional_id, state, settled=True)``."""
+        return await self._call(functools.partial(self._sync._probe_outcome, state, timeout))
 
     async def outcomes_of_settled(
         self, states: Mapping[str, PreparedTxnState], *, wait_s: float = 0.0, timeout: float | None = None
@@ -155,11 +209,12 @@ class AsyncTransactionAdmin:
         self,
         states: Mapping[str, PreparedTxnState],
         *,
-        fence: bool = False,
-        raise_on_heuristic: bool = True,
+        fence: bool = True,
+        on_heuristic: AdminOnHeuristic = "raise",
         on_settled: Callable[[str, Settlement], None] | None = None,
         markers_timeout_s: float = 10.0,
         timeout: float | None = None,
+        raise_on_heuristic: bool | None = None,
     ) -> dict[str, Settlement]:
         """Settle each transactional id in ``states``, then wait for the markers.
 
@@ -167,7 +222,8 @@ class AsyncTransactionAdmin:
         called in the admin's thread, so it must not touch the event loop.
         """
         return await self._call(functools.partial(
-            self._sync.settle_many, states, fence=fence, raise_on_heuristic=raise_on_heuristic,
+            self._sync.settle_many, states, fence=fence,
+            on_heuristic=_heuristic("AsyncTransactionAdmin.settle_many", on_heuristic, raise_on_heuristic),
             on_settled=on_settled, markers_timeout_s=markers_timeout_s, timeout=timeout,
         ))
 
@@ -232,9 +288,14 @@ class AsyncTransactionAdmin:
         """The names of every topic in the cluster."""
         return await self._call(functools.partial(self._sync.topic_names, timeout=timeout))
 
+    async def max_transaction_timeout_s(self, *, timeout: float | None = None) -> float | None:
+        """The largest transaction timeout a producer can use here, in seconds (``None`` if the broker does not say)."""
+        return await self._call(functools.partial(self._sync.max_transaction_timeout_s, timeout=timeout))
+
+    @deprecated_alias("max_transaction_timeout_ms", "max_transaction_timeout_s")
     async def max_transaction_timeout_ms(self, *, timeout: float | None = None) -> int | None:
-        """The largest ``transaction.timeout.ms`` a producer can use here (``None`` if the broker does not say)."""
-        return await self._call(functools.partial(self._sync.max_transaction_timeout_ms, timeout=timeout))
+        """The same limit in milliseconds."""
+        return await self._call(functools.partial(self._sync._max_transaction_timeout_ms, timeout))
 
     async def pending_offset_groups(self, *, timeout: float | None = None) -> dict[str, list[TopicAndPartition]]:
         """Consumer groups whose committed offsets are pending in an open transaction, with those partitions."""
@@ -250,12 +311,15 @@ class AsyncTransactionAdmin:
         """The ``__consumer_offsets`` partition that stores ``group_id``'s offsets (as the broker picks it)."""
         return await self._call(functools.partial(self._sync.consumer_offsets_partition, group_id, timeout=timeout))
 
-    async def close(self) -> None:
-        """Close the connections and stop the admin's thread (after the calls already queued)."""
+    async def close(self, timeout: float | None = None) -> None:
+        """Close the connections and stop the admin's thread (after the calls already queued).
+
+        ``timeout`` as for :meth:`kafka2pc.TransactionAdmin.close`.
+        """
         if self._closed:
             return
         try:
-            await self._call(self._sync.close)
+            await self._call(functools.partial(self._sync.close, timeout))
         finally:
             self._closed = True
             self._worker.stop()
@@ -269,7 +333,21 @@ class AsyncTransactionAdmin:
     def _call(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
         if self._closed:
             raise IllegalStateError("the admin is closed")
+        deadline = _deadline.get()
+        if deadline is not None:
+            fn = functools.partial(_within, self._sync, deadline, fn)
         return self._worker.submit(asyncio.get_running_loop(), fn, _nothing)
+
+
+def _within(admin: TransactionAdmin, deadline: float, fn: Callable[[], _T]) -> _T:
+    """In the admin's thread: ``fn()`` inside :meth:`TransactionAdmin.bounded` up to ``deadline``."""
+    with admin.bounded(max(0.0, deadline - time.monotonic())):
+        return fn()
+
+
+def _heuristic(where: str, on_heuristic: AdminOnHeuristic, raise_on_heuristic: bool | None) -> AdminOnHeuristic:
+    """``on_heuristic``, or the value the deprecated ``raise_on_heuristic`` flag meant (it warns)."""
+    return "raise" if on_heuristic_raises(where, on_heuristic, raise_on_heuristic) else "report"
 
 
 def _nothing() -> None:

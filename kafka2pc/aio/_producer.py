@@ -14,7 +14,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from confluent_kafka import Message
@@ -28,9 +28,9 @@ from kafka2pc import (
     TxnState,
     UsageError,
 )
-from kafka2pc._deprecation import renamed_argument
+from kafka2pc._deprecation import renamed, renamed_argument
 from kafka2pc._errors import translate_confluent_error  # the one place confluent-kafka errors are mapped
-from kafka2pc._producer import Headers
+from kafka2pc._producer import DeliveryCallback, Headers
 from kafka2pc.aio._worker import SerialWorker
 
 __all__ = ["AsyncTwoPhaseCommitProducer"]
@@ -174,8 +174,8 @@ class AsyncTwoPhaseCommitProducer:
         topic: str,
         value: bytes | str | None = None,
         key: bytes | str | None = None,
-        *,
         partition: int | None = None,
+        on_delivery: DeliveryCallback | None = None,
         timestamp: int | None = None,
         headers: Headers | None = None,
     ) -> asyncio.Future[Message]:
@@ -190,7 +190,9 @@ class AsyncTwoPhaseCommitProducer:
         :meth:`produce_and_wait`).  When librdkafka's local queue is full,
         waits (without blocking the loop) up to ``queue_full_timeout_s``
         seconds for room, then raises :class:`kafka2pc.QueueFullError`.
-        ``timestamp`` is in milliseconds since the epoch, as Kafka stores it.
+        The parameters are :meth:`kafka2pc.TwoPhaseCommitProducer.produce`'s;
+        ``on_delivery(error, message)`` runs on the loop once the record is
+        delivered or failed (``error``: the kafka2pc error, or ``None``).
 
         Example::
 
@@ -203,11 +205,15 @@ class AsyncTwoPhaseCommitProducer:
                 "(a caller stopped waiting for it); await wait_idle() first"
             )
         future: asyncio.Future[Message] = loop.create_future()
+        if on_delivery is not None:
+            future.add_done_callback(functools.partial(_report, on_delivery))
         kwargs: dict[str, Any] = {"value": value, "key": key,
                                   "on_delivery": functools.partial(self._on_delivery, future)}
-        if partition is not None:
+        if partition == -1 or timestamp == 0:
+            renamed("produce(partition=-1, timestamp=0)", "partition=None, timestamp=None (the defaults)")
+        if partition is not None and partition != -1:
             kwargs["partition"] = partition
-        if timestamp is not None:
+        if timestamp is not None and timestamp != 0:
             kwargs["timestamp"] = timestamp
         if headers is not None:
             kwargs["headers"] = headers
@@ -237,8 +243,8 @@ class AsyncTwoPhaseCommitProducer:
         topic: str,
         value: bytes | str | None = None,
         key: bytes | str | None = None,
-        *,
         partition: int | None = None,
+        on_delivery: DeliveryCallback | None = None,
         timestamp: int | None = None,
         headers: Headers | None = None,
     ) -> Message:
@@ -252,13 +258,51 @@ class AsyncTwoPhaseCommitProducer:
             message = await producer.produce_and_wait("orders", value=b"created", key=b"42")
         """
         delivery = await self.produce(
-            topic, value, key, partition=partition, timestamp=timestamp, headers=headers
+            topic, value, key, partition=partition, on_delivery=on_delivery, timestamp=timestamp, headers=headers
         )
         return await delivery
 
-    async def flush(self, timeout: float = -1) -> int:
-        """Wait for outstanding records (as ``confluent_kafka.Producer.flush``); return how many remain."""
-        return await self._call(functools.partial(self._sync.flush, timeout))
+    async def produce_batch(
+        self,
+        topic: str,
+        values: Sequence[str | bytes | None],
+        keys: Sequence[str | bytes | None] | None = None,
+        *,
+        partition: int | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Send ``len(values)`` records to ``topic`` within the transaction, in order; return how many.
+
+        :meth:`kafka2pc.TwoPhaseCommitProducer.produce_batch`, in the
+        producer's thread (the loop runs on while a full local queue is
+        waited out, up to ``timeout`` seconds).  Delivery reports anchor the
+        prepared state as for :meth:`produce`; no per-record future.
+        """
+        self._bind_loop()
+        if self._control_in_flight:
+            raise IllegalStateError(
+                f"produce_batch() refused: {self._control_in_flight[0]}() is still running; await wait_idle() first"
+            )
+        return await self._call(functools.partial(
+            self._sync.produce_batch, topic, values, keys, partition=partition, timeout=timeout))
+
+    async def poll(self, timeout: float = 0) -> int:
+        """Serve delivery reports, waiting up to ``timeout`` seconds for one; return how many were served.
+
+        The producer's thread serves them by itself while records are in
+        flight: call this only to wait for deliveries explicitly.
+        """
+        return await self._call(functools.partial(self._sync.poll, timeout))
+
+    async def flush(self, timeout: float | None = None) -> int:
+        """Wait for outstanding records, up to ``timeout`` seconds; return how many remain.
+
+        As :meth:`kafka2pc.TwoPhaseCommitProducer.flush` (``None``:
+        :data:`~kafka2pc.DEFAULT_TIMEOUT_S`), in the producer's thread.
+        """
+        if timeout is not None and timeout < 0:
+            renamed("flush(timeout=-1)", "flush(timeout=<seconds>) (None: DEFAULT_TIMEOUT_S)")
+        return await self._call(functools.partial(self._sync._flush, timeout))
 
     async def send_offsets_to_transaction(
         self, offsets: list[Any], group_metadata: Any, timeout: float | None = None
@@ -308,8 +352,12 @@ class AsyncTwoPhaseCommitProducer:
         await self._call(lambda: None)
         return self._sync.state
 
-    async def close(self, timeout: float = 30.0) -> None:
-        """Release the producer, its control plane and its thread (after the calls already queued)."""
+    async def close(self, timeout: float | None = None) -> None:
+        """Release the producer, its control plane and its thread (after the calls already queued).
+
+        ``timeout`` as for :meth:`kafka2pc.TwoPhaseCommitProducer.close`
+        (``None``: :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`).
+        """
         if self._closed:
             return
         try:
@@ -399,3 +447,12 @@ class AsyncTwoPhaseCommitProducer:
 
 def _nothing() -> None:
     pass
+
+
+def _report(on_delivery: DeliveryCallback, future: asyncio.Future[Message]) -> None:
+    """On the loop, once a record's delivery future is done: its ``on_delivery(error, message)``."""
+    if future.cancelled():
+        return
+    error = future.exception()
+    on_delivery(error, None if error is not None else future.result())  # type: ignore[arg-type]
+

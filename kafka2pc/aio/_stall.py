@@ -6,12 +6,29 @@ import asyncio
 import logging
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
-from kafka2pc._deprecation import renamed_argument
+from kafka2pc._deprecation import deprecated_alias, deprecated_property, renamed, renamed_argument
 
 __all__ = ["LoopStallMonitor", "StallReport"]
 
 _SLOW = re.compile(r"Executing (?P<what>.+) took (?P<secs>[0-9.]+) seconds")
+
+
+def _deprecated_field(old: str, new: str) -> property:
+    """``old``, the rc1 name of the field ``new``: reads and writes it, and warns."""
+
+    def get(self: StallReport) -> Any:
+        renamed(f"StallReport.{old}", f"StallReport.{new}")
+        return getattr(self, new)
+
+    def put(self: StallReport, value: Any) -> None:
+        renamed(f"StallReport.{old}", f"StallReport.{new}")
+        setattr(self, new, value)
+
+    get.__doc__ = f"Deprecated: use :attr:`{new}`."
+    get.__deprecated__ = f"use {new}"  # type: ignore[attr-defined]
+    return property(get, put)
 
 
 @dataclass
@@ -26,45 +43,57 @@ class StallReport:
     """
 
     ticks: int = 0
-    elapsed: float = 0.0
+    elapsed_s: float = 0.0
     """Seconds the monitor ran."""
-    lateness: list[float] = field(default_factory=list)
+    lateness_s: list[float] = field(default_factory=list)
+    """Seconds each tick was late, in tick order."""
     slow_callbacks: list[tuple[float, str]] = field(default_factory=list)
     """``(seconds, callback)`` of callbacks over the threshold (``capture_slow_callbacks=True`` only)."""
-    noise: float = 0.001
+    noise_s: float = 0.001
     """Lateness up to this is the timer's own overshoot (waking a sleeping loop takes a fraction of a
     millisecond, more on a busy machine), not a stall: :attr:`stalled_fraction` leaves it out."""
 
+    elapsed = _deprecated_field("elapsed", "elapsed_s")
+    lateness = _deprecated_field("lateness", "lateness_s")
+    noise = _deprecated_field("noise", "noise_s")
+
     @property
-    def max_stall(self) -> float:
+    def max_stall_s(self) -> float:
         """The longest time a tick was late: the loop's longest stall (under-estimated by at most one interval)."""
-        return max(self.lateness, default=0.0)
+        return max(self.lateness_s, default=0.0)
+
+    max_stall = deprecated_property("max_stall", "max_stall_s", lambda self: self.max_stall_s)
 
     @property
     def stalled_fraction(self) -> float:
         """Share of the monitored time the loop was stalled: the lateness of the ticks later than
-        :attr:`noise`, summed, over :attr:`elapsed`."""
-        if self.elapsed <= 0:
+        :attr:`noise_s`, summed, over :attr:`elapsed_s`."""
+        if self.elapsed_s <= 0:
             return 0.0
-        return sum(late for late in self.lateness if late > self.noise) / self.elapsed
+        return sum(late for late in self.lateness_s if late > self.noise_s) / self.elapsed_s
 
     def over(self, seconds: float) -> int:
         """How many ticks were later than ``seconds``."""
-        return sum(1 for late in self.lateness if late > seconds)
+        return sum(1 for late in self.lateness_s if late > seconds)
 
-    def percentile(self, q: float) -> float:
-        """The ``q`` quantile (0..1) of tick lateness."""
-        if not self.lateness:
+    def percentile_s(self, q: float) -> float:
+        """The ``q`` quantile (0..1) of tick lateness, in seconds."""
+        if not self.lateness_s:
             return 0.0
-        ordered = sorted(self.lateness)
+        ordered = sorted(self.lateness_s)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    @deprecated_alias("percentile", "percentile_s")
+    def percentile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) of tick lateness, in seconds."""
+        return self.percentile_s(q)
 
     def summary(self) -> str:
         """One line: ticks, p50/p99/max lateness in milliseconds, slow callbacks."""
         return (
-            f"{self.ticks} ticks in {self.elapsed:.2f} s, stalled {self.stalled_fraction:.1%}, "
-            f"lateness p50 {self.percentile(0.5) * 1e3:.2f} ms, "
-            f"p99 {self.percentile(0.99) * 1e3:.2f} ms, max {self.max_stall * 1e3:.2f} ms"
+            f"{self.ticks} ticks in {self.elapsed_s:.2f} s, stalled {self.stalled_fraction:.1%}, "
+            f"lateness p50 {self.percentile_s(0.5) * 1e3:.2f} ms, "
+            f"p99 {self.percentile_s(0.99) * 1e3:.2f} ms, max {self.max_stall_s * 1e3:.2f} ms"
             + (f", slowest callback {max(self.slow_callbacks)}" if self.slow_callbacks else "")
         )
 
@@ -86,7 +115,7 @@ class LoopStallMonitor:
 
         async with LoopStallMonitor() as monitor:
             await producer.commit_transaction()
-        assert monitor.report.max_stall < 0.010, monitor.report.summary()
+        assert monitor.report.max_stall_s < 0.010, monitor.report.summary()
     """
 
     def __init__(
@@ -125,7 +154,7 @@ class LoopStallMonitor:
 
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._task is not None
-        self.report.elapsed = asyncio.get_running_loop().time() - self._started
+        self.report.elapsed_s = asyncio.get_running_loop().time() - self._started
         self._task.cancel()
         try:
             await self._task
@@ -142,7 +171,7 @@ class LoopStallMonitor:
         while True:
             due = loop.time() + self.interval_s
             await asyncio.sleep(self.interval_s)
-            self.report.lateness.append(max(0.0, loop.time() - due))
+            self.report.lateness_s.append(max(0.0, loop.time() - due))
             self.report.ticks += 1
 
 

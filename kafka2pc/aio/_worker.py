@@ -16,6 +16,8 @@ what the next call sees.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import queue
 import threading
@@ -79,7 +81,9 @@ class SerialWorker:
         if self._stopped:
             raise RuntimeError("the worker thread has stopped")
         future: asyncio.Future[_T] = loop.create_future()
-        self._queue.put((loop, future, fn, done))
+        # The call runs in the caller's context (contextvars): an OpenTelemetry span current in the
+        # awaiting task is the parent of the spans the call starts, as it would be in a sync call.
+        self._queue.put((loop, future, functools.partial(contextvars.copy_context().run, fn), done))
         return future
 
     def wake(self) -> None:

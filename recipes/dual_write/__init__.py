@@ -67,6 +67,7 @@ See ``docs/dual-write.md`` for the failure analysis and the metrics.
 
 from typing import TYPE_CHECKING, Any
 
+from kafka2pc import UnknownTopicError
 from kafka2pc._deprecation import renamed
 from kafka2pc._extras import missing_extra
 
@@ -96,7 +97,6 @@ from ._values import (
     StateRowLockedError,
     Step,
     StepHook,
-    TopicNotFoundError,
     TransactionMisuseError,
 )
 from ._writer import DualWriter, recover_all
@@ -123,7 +123,6 @@ __all__ = [
     "StateStore",
     "Step",
     "StepHook",
-    "TopicNotFoundError",
     "TransactionMisuseError",
     "WriterPool",
     "WriterState",
@@ -135,14 +134,19 @@ __all__ = [
     "store_for",
 ]
 
-# 0.1 names, kept for one minor release: each access warns and names the replacement.
-_RENAMED = {"state_table": define_state_table, "outbox_table": define_outbox_table, "lease_table": define_lease_table}
+# 0.1 and rc1 names, kept for one minor release: each access warns and names the replacement.
+_RENAMED: dict[str, tuple[Any, str]] = {
+    "state_table": (define_state_table, "kafka2pc.recipes.dual_write.define_state_table"),
+    "outbox_table": (define_outbox_table, "kafka2pc.recipes.dual_write.define_outbox_table"),
+    "lease_table": (define_lease_table, "kafka2pc.recipes.dual_write.define_lease_table"),
+    "TopicNotFoundError": (UnknownTopicError, "kafka2pc.UnknownTopicError"),
+}
 
 if not TYPE_CHECKING:  # type checkers see only the 1.0 names
 
     def __getattr__(name: str) -> Any:
-        new = _RENAMED.get(name)
-        if new is None:
+        entry = _RENAMED.get(name)
+        if entry is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        renamed(f"kafka2pc.recipes.dual_write.{name}", f"kafka2pc.recipes.dual_write.{new.__name__}")
-        return new
+        renamed(f"kafka2pc.recipes.dual_write.{name}", entry[1])
+        return entry[0]

@@ -60,6 +60,9 @@ class WriterCore:
     _retain: bool
     _lock_timeout_s: float | None
     _on_step: StepHook | None
+    _step_observers: list[Callable[[Any, Step], None]]
+    """Called with ``(writer, step)`` at every step before ``_on_step`` (kafka2pc.otel's hook; a pool's
+    writers share their pool's list)."""
     _settle_attempts: int
     _queue_full_timeout_s: float
     _kafka_timeout_s: float | None
@@ -89,6 +92,8 @@ class WriterCore:
         self._status = target
 
     def _step(self, step: Step) -> None:
+        for observe in self._step_observers:
+            observe(self, step)
         if self._on_step is not None:
             self._on_step(step)
 

@@ -60,13 +60,12 @@ class DualWriteTransaction:
         topic: str,
         value: str | bytes | None = None,
         key: str | bytes | None = None,
-        *,
         partition: int | None = None,
-        headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None = None,
-        timestamp: int | None = None,
         on_delivery: Callable[[Any, Any], None] | None = None,
+        timestamp: int | None = None,
+        headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None = None,
     ) -> None:
-        """Produce one record in the transaction (arguments as ``confluent_kafka.Producer.produce``).
+        """Produce one record in the transaction: the parameters of :meth:`kafka2pc.TwoPhaseCommitProducer.produce`.
 
         A full local queue is waited out (serving delivery reports) for up to
         the writer's ``queue_full_timeout_s``.
@@ -97,8 +96,8 @@ class DualWriteTransaction:
         if timestamp is not None:
             kwargs["timestamp"] = timestamp
         writer._produce(self._producer, topic, kwargs)
-        if writer._on_step is not None:
-            writer._on_step(Step.PRODUCED)
+        if writer._on_step is not None or writer._step_observers:
+            writer._step(Step.PRODUCED)
 
     def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
         """Commit consumer offsets with this transaction (exactly-once consume-transform-produce).

@@ -120,7 +120,7 @@ class OrphanSettling(SlotKeeping):
                                  lambda: store.claim(conn, tid, lock_timeout_s=lock_timeout_s))
             state = parse_stored_state(tid, self._state_table, claimed.state)
             admin = admins.get()
-            settlement = admin.complete_transaction(tid, state, fence=True, raise_on_heuristic=False)
+            settlement = admin.complete_transaction(tid, state, fence=True, on_heuristic="report")
             if settlement.plan.decision is Decision.NOTHING:
                 admin.force_terminate_transaction(tid)  # nothing open: fence the old producer all the same
         except Exception as exc:  # noqa: BLE001 - reported in the result and the metrics, retried next scan

@@ -21,21 +21,28 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 __all__ = ["CommitPipeline", "InFlightCommit"]
 
 logger = logging.getLogger("kafka2pc.recipes.dual_write._pool")
 
 
+class _Event(Protocol):
+    def is_set(self) -> bool: ...
+    def set(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
 class InFlightCommit:
     """One background Kafka commit: wait for it, and learn its error."""
 
-    def __init__(self, transactional_id: str) -> None:
+    def __init__(self, transactional_id: str, done: _Event | None = None) -> None:
         self.transactional_id = transactional_id
         self.started = time.monotonic()
         self.finished: float | None = None
         self.error: BaseException | None = None
-        self._done = threading.Event()
+        self._done: _Event = done if done is not None else threading.Event()
 
     @property
     def done(self) -> bool:
@@ -55,7 +62,7 @@ class CommitPipeline:
 
     def __init__(self, max_in_flight: int, slow_commit_s: float) -> None:
         self._places = threading.BoundedSemaphore(max_in_flight)
-        self._executor = ThreadPoolExecutor(max_in_flight, thread_name_prefix="k2pc-commit")
+        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(max_in_flight, thread_name_prefix="k2pc-commit")
         self._slow_s = slow_commit_s
         self._lock = threading.Lock()
         self._in_flight: list[InFlightCommit] = []
@@ -76,15 +83,25 @@ class CommitPipeline:
     def submit(self, transactional_id: str, commit: Callable[[], None], on_done: Callable[[], None]) -> InFlightCommit:
         """Run ``commit`` in the background, then ``on_done`` (whatever happened)."""
         self._places.acquire()
-        item = InFlightCommit(transactional_id)
+        item = InFlightCommit(transactional_id, self._new_event())
         with self._lock:
             self._in_flight.append(item)
         try:
-            self._executor.submit(self._run, item, commit, on_done)
+            self._spawn(lambda: self._run(item, commit, on_done))
         except BaseException:
             self._finish(item)
             raise
         return item
+
+    # -- what the asyncio pool's pipeline answers differently (recipes/dual_write/aio) --
+    def _new_event(self) -> _Event | None:
+        """The event an :class:`InFlightCommit` sets when done (``None``: a :class:`threading.Event`)."""
+        return None
+
+    def _spawn(self, run: Callable[[], None]) -> None:
+        """Run ``run`` in the background (a worker thread)."""
+        assert self._executor is not None
+        self._executor.submit(run)
 
     def _run(self, item: InFlightCommit, commit: Callable[[], None], on_done: Callable[[], None]) -> None:
         try:
@@ -138,4 +155,5 @@ class CommitPipeline:
 
     def close(self) -> None:
         """Stop the worker threads (after :meth:`drain`)."""
-        self._executor.shutdown(wait=False)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from kafka2pc import IllegalStateError, UsageError
+from kafka2pc import DEFAULT_CLOSE_TIMEOUT_S, IllegalStateError, UsageError
 from kafka2pc._deprecation import seconds_from_ms
 
 from ._handle import DualWriteTransaction
@@ -191,6 +191,7 @@ class WriterPool(OrphanSettling):
             "kafka_timeout_s": kafka_timeout_s,
             "on_step": on_step,
         }
+        self._step_observers = []
         self._book = LeaseBook(engine, self._lease_table, prefix, self._owner, self._lease_s)
         self._cond = self._new_condition()
         self._slots: list[_Slot] = []
@@ -201,13 +202,18 @@ class WriterPool(OrphanSettling):
         self._threads: list[threading.Thread] = []
         self._started = False
         self._closed = False
-        self._pipeline = CommitPipeline(
+        self._pipeline = self._new_pipeline(
             max_in_flight if max_in_flight is not None else max_slots, slow_commit_s
         ) if pipelined else None
         if start:
             self.start()
 
     # -- introspection ---------------------------------------------------------------
+    @property
+    def engine(self) -> sa.Engine:
+        """The database holding the lease and state tables."""
+        return self._engine
+
     @property
     def prefix(self) -> str:
         """The pool's name: its ids are ``<prefix>-0`` .. ``<prefix>-<size-1>``."""
@@ -283,14 +289,19 @@ class WriterPool(OrphanSettling):
         self._renewed_at = time.monotonic()
         self._start_background()
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Drain the pipelined commits, then give the leases back.
 
         A lease whose writer has nothing open is released (any instance may
         take it at once); one whose transaction is still open or in doubt is
         left to expire, so that an orphan scan recovers it.  Waits up to
-        ``timeout`` for transactions running in other threads.
+        ``timeout`` seconds (``None``: :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`)
+        for transactions running in other threads and for pipelined commits.
         """
+        if timeout is None:
+            timeout = DEFAULT_CLOSE_TIMEOUT_S
+        elif timeout < 0:
+            raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
         if self._closed:
             return
         self._closed = True
@@ -394,6 +405,10 @@ class WriterPool(OrphanSettling):
         return [r for r in found if r is not None]
 
     # -- what the asyncio pool (recipes/dual_write/aio) answers differently ---------------
+    def _new_pipeline(self, max_in_flight: int, slow_commit_s: float) -> CommitPipeline:
+        """The pipelined commit's runner (worker threads)."""
+        return CommitPipeline(max_in_flight, slow_commit_s)
+
     def _new_condition(self) -> threading.Condition:
         """The condition guarding the slots (held only for in-memory work; waited on for a free slot)."""
         return threading.Condition()

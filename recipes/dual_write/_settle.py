@@ -99,7 +99,8 @@ class Settling(Recovering):
 
             self._to(WriterState.FENCED)
             admin = TransactionAdmin(self._config, control_plane=producer.control_plane)
-            outcome = self._blocking(lambda: admin.outcome_of(state, timeout=seconds_left(deadline)))
+            outcome = self._blocking(lambda: admin.transaction_outcome(self._tid, state, settled=True,
+                                                                         timeout=seconds_left(deadline)))
             if outcome is TransactionOutcome.COMMITTED:
                 logger.warning("%s: fenced during commit; the new owner committed %s", self._tid, state)
                 self._in_doubt = self._in_doubt_since = None

@@ -14,6 +14,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from kafka2pc import IllegalStateError, Kafka2pcError
 
 from ._lease import LeaseBook
 from ._lifecycle import WriterState
-from ._values import DualWriteMetrics
+from ._values import DualWriteMetrics, Step
 from ._writer import DualWriter
 
 __all__ = ["PoolExhaustedError", "SlotKeeping"]
@@ -86,9 +87,14 @@ class SlotKeeping:
     _stop: threading.Event
     _closed: bool
 
+    _step_observers: list[Callable[[Any, Step], None]]
+    """Shared with every writer of the pool (kafka2pc.otel observes the pool's steps through it)."""
+
     def _new_writer(self, tid: str) -> DualWriter:
-        return DualWriter(self._engine, {**self._config, "transactional.id": tid},
-                          state_table=self._state_table, **self._writer_options)
+        writer = DualWriter(self._engine, {**self._config, "transactional.id": tid},
+                            state_table=self._state_table, **self._writer_options)
+        writer._step_observers = self._step_observers
+        return writer
 
     def _take(self, ready_by: float | None = None) -> _Slot:
         """A free slot (healthy ones first), or a new one leased and recovered by ``ready_by``."""
@@ -109,7 +115,7 @@ class SlotKeeping:
                     if free:
                         # A slot left needing recovery (its broker call failed) is taken last: its
                         # recovery may not finish while the broker is down.
-                        chosen = min(free, key=lambda slot: (slot.writer.status is not WriterState.READY,
+                        chosen = min(free, key=lambda slot: (slot.writer.state is not WriterState.READY,
                                                              slot.freed_at))
                         chosen.busy = True
                         return chosen
@@ -169,7 +175,7 @@ class SlotKeeping:
 
     def _give_back(self, slot: _Slot) -> None:
         writer = slot.writer
-        drop = slot.lost or writer.status in (WriterState.FENCED, WriterState.CLOSED)
+        drop = slot.lost or writer.state in (WriterState.FENCED, WriterState.CLOSED)
         if drop and not slot.lost:
             try:
                 self._renew()  # was the lease taken (this instance presumed dead), or did an operator fence it?
@@ -193,7 +199,7 @@ class SlotKeeping:
         expire: list[tuple[str, int]] = []
         for slot in slots:
             self._counters.retired.append(slot.writer.metrics())
-            clean = not abandon and not slot.lost and slot.writer.status is WriterState.READY
+            clean = not abandon and not slot.lost and slot.writer.state is WriterState.READY
             if not slot.lost:
                 (release if clean else expire).append((slot.tid, slot.epoch))
             slot.writer.close()

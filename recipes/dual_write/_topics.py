@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Final
 
-from ._values import TopicNotFoundError
+from kafka2pc import UnknownTopicError
 
 LIBRDKAFKA_LOGGER: Final = "kafka2pc.librdkafka"
 """The logger kafka2pc's producers give librdkafka (``kafka2pc._logging.LIBRDKAFKA_LOGGER_NAME``)."""
@@ -39,7 +39,7 @@ class TopicCheck:
         self._lock = threading.Lock()
 
     def require(self, topic: str, transactional_id: str) -> None:
-        """Raise :class:`TopicNotFoundError` if the cluster says ``topic`` does not exist."""
+        """Raise :class:`~kafka2pc.UnknownTopicError` if the cluster says ``topic`` does not exist."""
         if topic in self.known:
             return
         from confluent_kafka import KafkaError, KafkaException
@@ -59,7 +59,7 @@ class TopicCheck:
         found = metadata.topics.get(topic)
         error = getattr(found, "error", None)
         if found is None or (error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
-            raise TopicNotFoundError(
+            raise UnknownTopicError(
                 f"{transactional_id!r}: topic {topic!r} does not exist (and the cluster does not create topics "
                 "automatically): create it first, e.g. kafka-topics.sh --create --topic " + topic,
                 topic,

@@ -280,9 +280,3 @@ class MissingTableError(UsageError):
     """
 
 
-class TopicNotFoundError(UsageError):
-    """A record was produced to a topic that does not exist (and the cluster does not create it)."""
-
-    def __init__(self, message: str, topic: str) -> None:
-        super().__init__(message)
-        self.topic = topic

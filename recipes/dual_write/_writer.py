@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from kafka2pc import (
+    DEFAULT_CLOSE_TIMEOUT_S,
     IllegalStateError,
     Kafka2pcError,
     PreparedTxnState,
@@ -20,7 +21,7 @@ from kafka2pc import (
     TxnState,
     UsageError,
 )
-from kafka2pc._deprecation import seconds_from_ms
+from kafka2pc._deprecation import deprecated_property, seconds_from_ms
 
 from ._bind import Bind, Bound
 from ._bind import bind as bind_target
@@ -50,9 +51,6 @@ if TYPE_CHECKING:
 __all__ = ["DualWriter", "recover_all"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_CLOSE_TIMEOUT_S = 30.0
-"""Bound of :meth:`DualWriter.close` without ``kafka_timeout_s`` (the producer's own close default)."""
 
 DeferCommit = Callable[[Callable[[], None]], None]
 """Receives the call that commits Kafka after the database COMMIT, to run it later (pipelined commit)."""
@@ -121,6 +119,7 @@ class DualWriter(Settling):
         self._retain = retain_records
         self._lock_timeout_s = lock_timeout_s
         self._on_step = on_step
+        self._step_observers: list[Callable[[Any, Step], None]] = []
         self._settle_attempts = settle_attempts
         self._queue_full_timeout_s = queue_full_timeout_s
         if kafka_timeout_s is not None and kafka_timeout_s <= 0:
@@ -179,9 +178,16 @@ class DualWriter(Settling):
         return self._status is WriterState.FENCED
 
     @property
-    def status(self) -> WriterState:
-        """Where the writer is in its life cycle."""
+    def state(self) -> WriterState:
+        """Where the writer is in its life cycle (as :attr:`kafka2pc.TwoPhaseCommitProducer.state` for the producer)."""
         return self._status
+
+    status = deprecated_property("status", "state", lambda self: self._status)
+
+    @property
+    def engine(self) -> sa.Engine:
+        """The database holding the state table."""
+        return self._engine
 
     def create_tables(self) -> None:
         """Create the state (and outbox) table if missing: a convenience for scripts and tests."""
@@ -300,19 +306,22 @@ class DualWriter(Settling):
             finally:
                 bound.remove()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Release the producer.  A prepared transaction is left for the next :meth:`recover`.
 
         If the last abort ran with records still in flight, the coordinator
-        is asked first and a transaction it still holds open is aborted
-        (within ``kafka_timeout_s``, else 30 s).
+        is asked first and a transaction it still holds open is aborted,
+        within ``timeout`` seconds (``None``: ``kafka_timeout_s``, else
+        :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`).
         """
+        if timeout is not None and timeout < 0:
+            raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
         producer, self._producer = self._producer, None
         if self._status is not WriterState.RECOVERING:  # a recovery in another thread ends by itself
             self._to(WriterState.CLOSED)
         if producer is not None:
             try:
-                producer.close(self._kafka_timeout_s or DEFAULT_CLOSE_TIMEOUT_S)
+                producer.close(timeout if timeout is not None else self._kafka_timeout_s or DEFAULT_CLOSE_TIMEOUT_S)
             except Exception:  # a fenced producer's flush raises; there is nothing left to release
                 logger.debug("%s: closing the producer failed", self._tid, exc_info=True)
 

@@ -70,7 +70,7 @@ def complete(
             after_first()
 
     admin.settle_many({t.transactional_id: t.prepared_state for t in decision.transactions},
-                      raise_on_heuristic=False, on_settled=settled)
+                      fence=False, on_heuristic="report", on_settled=settled)
     result.visible_at = time.monotonic()  # the markers are written: the rows are visible...
     result.strays_aborted = settle_open(admin, transactional_id_base, by_tid, keep=keep)
     if result.strays_aborted:  # ...unless a stray open transaction held the partition's last stable offset back

@@ -52,7 +52,7 @@ def schema_columns(schema: StructType, topic: str | None) -> tuple[str, ...]:
 def default_transaction_timeout_ms(limit_ms: int | None) -> int:
     """The largest transaction timeout the cluster allows a producer, 15 min if unknown.
 
-    ``limit_ms`` is :meth:`kafka2pc.TransactionAdmin.max_transaction_timeout_ms`:
+    ``limit_ms`` is :meth:`kafka2pc.TransactionAdmin.max_transaction_timeout_s`, in milliseconds:
     the broker's ``transaction.max.timeout.ms`` within librdkafka's limit
     (above 2**31 µs librdkafka's request deadlines wrap around).
     """

@@ -215,7 +215,8 @@ class Kafka2pcDataSource(DataSource):
             limit = None
             if ("transaction.timeout.ms" not in opts.config
                     and "transaction.two.phase.commit.enable" not in opts.config):
-                limit = default_transaction_timeout_ms(admin.max_transaction_timeout_ms())
+                limit_s = admin.max_transaction_timeout_s()
+                limit = default_transaction_timeout_ms(None if limit_s is None else round(limit_s * 1000))
             spec = WriterSpec(executor_config(opts.config, limit), f"{opts.prefix}{sink_id}", opts.topic, columns,
                               batch_id=0, task_hook=cls._task_hook)
             plan = _Plan(spec, sink_id, directory, 0, streaming, opts.max_repairs, opts.retain, dict(opts.config),

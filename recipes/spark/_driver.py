@@ -418,8 +418,8 @@ class KafkaTwoPhaseSink:
         if (self._txn_timeout_ms is None and "transaction.timeout.ms" not in self._config
                 and "transaction.two.phase.commit.enable" not in self._config):
             # A benign race between concurrent queries: both ask, same answer.
-            limit = self._transaction_admin().max_transaction_timeout_ms()
-            self._txn_timeout_ms = default_transaction_timeout_ms(limit)
+            limit_s = self._transaction_admin().max_transaction_timeout_s()
+            self._txn_timeout_ms = default_transaction_timeout_ms(None if limit_s is None else round(limit_s * 1000))
         return executor_config(self._config, self._txn_timeout_ms)
 
     def _transaction_admin(self) -> TransactionAdmin:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from kafka2pc import Kafka2pcError, PreparedTxnState, UsageError
+from kafka2pc import UnknownTopicError as _CoreUnknownTopicError
 
 DECISION_FORMAT: Final = "kafka2pc-spark-decision/1"
 
@@ -249,5 +250,5 @@ class SinkWriteError(Kafka2pcError):
     """
 
 
-class UnknownTopicError(UsageError):
-    """A row (or the ``topic`` option) names a topic that does not exist; the message names it."""
+UnknownTopicError = _CoreUnknownTopicError
+"""A row (or the ``topic`` option) names a topic that does not exist: :class:`kafka2pc.UnknownTopicError`."""

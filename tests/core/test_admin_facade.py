@@ -46,14 +46,15 @@ def test_settle_many_settle_open_and_outcomes_agree_with_the_consumer(kafka_boot
     try:
         with TransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:
             assert topic in admin.topic_names()
-            limit = admin.max_transaction_timeout_ms()
-            assert limit is not None and 0 < limit <= 2_147_483
+            limit = admin.max_transaction_timeout_s()
+            assert limit is not None and 0 < limit <= 2_147_483.648
 
-            settled = admin.settle_many({f"{base}-0": first_state}, on_settled=lambda t, s: seen.append((t, s)))
+            settled = admin.settle_many({f"{base}-0": first_state}, fence=False,
+                                        on_settled=lambda t, s: seen.append((t, s)))
             assert [t for t, _ in seen] == [f"{base}-0"]
             assert settled[f"{base}-0"].outcome is TransactionOutcome.COMMITTED
             info = admin.describe_transaction(f"{base}-0")
-            assert info is not None and info.state == "CompleteCommit"  # the markers were waited for
+            assert info is not None and info.state == "CompleteCommit"  # the markers were waited for, no fence
 
             decisions = admin.settle_open(lambda tid: tid.startswith(base + "-"), {f"{base}-1": second_state})
             assert decisions == {f"{base}-1": Decision.COMMIT, f"{base}-2": Decision.ABORT}
@@ -64,7 +65,8 @@ def test_settle_many_settle_open_and_outcomes_agree_with_the_consumer(kafka_boot
             )
             assert outcomes == {"first": TransactionOutcome.COMMITTED, "second": TransactionOutcome.COMMITTED,
                                 "stray": TransactionOutcome.ABORTED}
-            assert admin.outcome_of(stray_state) is TransactionOutcome.ABORTED
+            assert admin.transaction_outcome(f"{base}-2", stray_state, settled=True) is TransactionOutcome.ABORTED
+            assert admin.transaction_outcome(f"{base}-2", stray_state) is TransactionOutcome.ABORTED
 
             anchor = stray_state.anchor
             assert anchor is not None
@@ -111,3 +113,25 @@ def test_force_terminate_warns_only_when_it_ended_an_open_transaction(
         assert [r.levelno for r in routine] == [logging.INFO] and "nothing was open" in routine[0].message
     producer.close()
     assert drain(kafka_bootstrap, topic, "read_committed") == []
+
+
+@pytest.mark.parametrize("call", ["complete_transaction", "settle_many"])
+def test_one_fence_default_fences_the_old_producer(kafka_bootstrap: str, call: str) -> None:
+    """``fence=True`` is the default of both settling calls: the old instance's next call is fenced."""
+    topic = create_topic(kafka_bootstrap)
+    tid = f"k2pc-fence-default-{uuid.uuid4().hex[:8]}"
+    old, state = _prepared(kafka_bootstrap, tid, topic, b"fenced")
+    try:
+        with TransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:
+            before = admin.describe_transaction(tid)
+            assert before is not None
+            if call == "complete_transaction":
+                settlement = admin.complete_transaction(tid, state)
+            else:
+                settlement = admin.settle_many({tid: state})[tid]
+            assert settlement.outcome is TransactionOutcome.COMMITTED
+            after = admin.describe_transaction(tid)
+            assert after is not None and after.description.producer_epoch > before.description.producer_epoch
+    finally:
+        old.close(timeout=5)
+    assert [r.value for r in drain(kafka_bootstrap, topic)] == [b"fenced"]

@@ -63,10 +63,10 @@ def test_prepared_transaction_aborted_by_its_timeout_is_a_heuristic_outcome(
     assert s.visible() == ["0-0"]
     assert end_offsets(s.bootstrap, s.topic, "read_committed") == end_offsets(s.bootstrap, s.topic, "read_uncommitted")
 
-    # Every later attempt reports the same outcome; raise_on_heuristic=False returns it instead.
+    # Every later attempt reports the same outcome; on_heuristic="report" returns it instead.
     with TransactionAdmin({"bootstrap.servers": s.bootstrap}) as admin:
         with pytest.raises(HeuristicOutcomeError):
             admin.complete_transaction(s.transactional_id, state)
-        settlement = admin.complete_transaction(s.transactional_id, state, raise_on_heuristic=False)
+        settlement = admin.complete_transaction(s.transactional_id, state, on_heuristic="report")
     assert settlement.heuristic and settlement.outcome is TransactionOutcome.ABORTED
     producer.close()

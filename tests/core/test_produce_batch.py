@@ -279,10 +279,12 @@ def test_a_configured_on_delivery_sees_every_record_sent_without_its_own(
         assert producer.produce_batch(topic, [b"b", b"c"]) == 2
         producer.produce(topic, value=b"d", on_delivery=lambda err, msg: own.append(msg.offset()))
         # confluent-kafka's positional order (value, key, partition, on_delivery, timestamp, headers),
-        # and ``callback``, its other name for on_delivery
+        # and ``callback``, its other name for on_delivery (deprecated)
         producer.produce(topic, b"e", b"k", 0, lambda err, msg: own.append(msg.offset()), 1_700_000_000_000,
                          [("h", b"v")])
-        producer.produce(topic, value=b"f", headers={"h": b"w"}, callback=lambda err, msg: own.append(msg.offset()))
+        with pytest.warns(DeprecationWarning, match="on_delivery"):
+            producer.produce(topic, value=b"f", headers={"h": b"w"},
+                             callback=lambda err, msg: own.append(msg.offset()))
         state = producer.prepare_transaction(30)
         producer.commit_transaction(30)
     assert state.anchor is not None and state.anchor[1] == 0

@@ -114,7 +114,7 @@ class MeasuredLoop:
     async def __aexit__(self, *exc_info: object) -> None:
         assert self._start is not None and self._task is not None
         self.times = ThreadTimes.now() - self._start
-        self.report.elapsed = self.raw.elapsed = self.times.wall
+        self.report.elapsed_s = self.raw.elapsed_s = self.times.wall
         asyncio.events.Handle._run = self._saved_run  # type: ignore[method-assign]
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -127,12 +127,12 @@ class MeasuredLoop:
             due = loop.time() + self._interval_s
             await asyncio.sleep(self._interval_s)
             late = max(0.0, loop.time() - due)
-            self.raw.lateness.append(late)
+            self.raw.lateness_s.append(late)
             net = late
-            if late > self.report.noise:  # only then is the wait worth a schedstat read (~40 us)
+            if late > self.report.noise_s:  # only then is the wait worth a schedstat read (~40 us)
                 queued, self._queued = self._queued, _run_queue_s()
                 net = max(0.0, late - (self._queued - queued))
-            self.report.lateness.append(net)
+            self.report.lateness_s.append(net)
             self.raw.ticks += 1
             self.report.ticks += 1
 
@@ -179,7 +179,7 @@ def assert_loop_not_blocked(loop_run: MeasuredLoop, label: str, *, stalled_fract
     slow = [c for c in loop_run.slow_callbacks if c.net >= STALL_BOUND_S]
     assert len(slow) <= 1, f"{label}: {len(slow)} callbacks over {STALL_BOUND_S * 1e3:.0f} ms: {slow[:5]}"
     if busy:
-        assert report.percentile(0.99) < STALL_BOUND_S, f"{label}: {report.summary()}"
+        assert report.percentile_s(0.99) < STALL_BOUND_S, f"{label}: {report.summary()}"
     else:
         # The loop held by a callback or by another thread holding the GIL.
         assert report.over(STALL_BOUND_S) <= late_ticks, (
@@ -188,7 +188,7 @@ def assert_loop_not_blocked(loop_run: MeasuredLoop, label: str, *, stalled_fract
         )
     if stalled_fraction is not None:
         assert report.stalled_fraction < stalled_fraction, f"{label}: {report.summary()}"
-        runnable = max(0.0, report.elapsed - times.run_queue)
+        runnable = max(0.0, report.elapsed_s - times.run_queue)
         assert report.ticks >= runnable / TICK_INTERVAL_BOUND_S, (
             f"{label}: {report.ticks} ticks in {runnable:.2f} s the loop's thread could run: {report.summary()}"
         )

@@ -21,7 +21,7 @@ from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, AsyncWriterPool
 
 import kafka2pc
 from kafka2pc import BrokerUnavailableError, TransactionAdmin, UsageError
-from kafka2pc._deprecation import RENAMED_ARGUMENTS
+from kafka2pc._deprecation import RENAMED_ARGUMENTS, RENAMED_MEMBERS
 from kafka2pc.aio import AsyncTransactionAdmin, AsyncTwoPhaseCommitProducer, LoopStallMonitor
 
 if TYPE_CHECKING:
@@ -238,10 +238,123 @@ def test_upgrade_table_lists_every_deprecated_name() -> None:
     }
     for name, (_, _, replacement) in kafka2pc._DEPRECATED.items():
         expected[f"kafka2pc.{name}"] = replacement if replacement.startswith("kafka2pc.") else "none"
-    for name, function in dual_write._RENAMED.items():
-        expected[f"kafka2pc.recipes.dual_write.{name}"] = f"kafka2pc.recipes.dual_write.{function.__name__}"
+    for name, (_, replacement) in dual_write._RENAMED.items():
+        expected[f"kafka2pc.recipes.dual_write.{name}"] = replacement
+    for old, new, _ in RENAMED_MEMBERS:
+        expected[old] = new
     from kafka2pc.recipes.spark import KafkaTwoPhaseSink
 
     if "faults" in inspect.signature(KafkaTwoPhaseSink).parameters:  # deprecated, warns in its constructor
         expected["kafka2pc.recipes.spark.KafkaTwoPhaseSink(faults=)"] = "none"
     assert upgrade_table() == expected
+
+
+@covers("kafka2pc.TwoPhaseCommitProducer.produce", "callback")
+def test_produce_callback_is_on_delivery() -> None:
+    """Checked before the producer is started: the warning comes first, then the state machine refuses."""
+    producer = kafka2pc.TwoPhaseCommitProducer(WRITER_CONFIG)
+    try:
+        with warns("produce(callback=", "on_delivery"), pytest.raises(kafka2pc.IllegalStateError):
+            producer.produce("t", b"v", callback=lambda err, msg: None)
+    finally:
+        producer.close(timeout=0.5)
+
+
+@covers("kafka2pc.TransactionAdmin.complete_transaction", "raise_on_heuristic")
+@covers("kafka2pc.TransactionAdmin.settle_many", "raise_on_heuristic")
+@pytest.mark.parametrize("method", ["complete_transaction", "settle_many"])
+def test_admin_raise_on_heuristic(method: str) -> None:
+    state = kafka2pc.PreparedTxnState()
+    with TransactionAdmin(UNREACHABLE, timeout_s=0.5) as admin:
+        call = (lambda **kw: admin.complete_transaction("t", state, **kw)) if method == "complete_transaction" else (
+            lambda **kw: admin.settle_many({"t": state}, **kw))
+        with warns(f"{method}(raise_on_heuristic=", "on_heuristic"), pytest.raises(BrokerUnavailableError):
+            call(raise_on_heuristic=False)
+        with pytest.raises(UsageError, match="on_heuristic"):
+            call(on_heuristic="ignore")
+
+
+@covers("kafka2pc.aio.AsyncTransactionAdmin.complete_transaction", "raise_on_heuristic")
+@covers("kafka2pc.aio.AsyncTransactionAdmin.settle_many", "raise_on_heuristic")
+@pytest.mark.parametrize("method", ["complete_transaction", "settle_many"])
+def test_async_admin_raise_on_heuristic(method: str) -> None:
+    state = kafka2pc.PreparedTxnState()
+
+    async def main() -> None:
+        async with AsyncTransactionAdmin(UNREACHABLE, timeout_s=0.5) as admin:
+            with warns(f"{method}(raise_on_heuristic=", "on_heuristic"), pytest.raises(BrokerUnavailableError):
+                if method == "complete_transaction":
+                    await admin.complete_transaction("t", state, raise_on_heuristic=True)
+                else:
+                    await admin.settle_many({"t": state}, raise_on_heuristic=True)
+
+    asyncio.run(main())
+
+
+def test_renamed_error_is_the_core_error() -> None:
+    import kafka2pc.recipes.dual_write as dual_write
+
+    with warns("kafka2pc.recipes.dual_write.TopicNotFoundError", "kafka2pc.UnknownTopicError"):
+        alias = dual_write.TopicNotFoundError
+    assert alias is kafka2pc.UnknownTopicError and "TopicNotFoundError" not in dual_write.__all__
+
+
+def _deprecated_members() -> set[str]:
+    import importlib
+    import inspect
+
+    found = set()
+    for module_name in ("kafka2pc", "kafka2pc.aio", "kafka2pc.recipes.dual_write", "kafka2pc.recipes.dual_write.aio"):
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            cls = getattr(module, name)
+            if not inspect.isclass(cls):
+                continue
+            for member in vars(cls):
+                static = inspect.getattr_static(cls, member)
+                target = static.fget if isinstance(static, property) else static
+                if getattr(target, "__deprecated__", None) is not None:
+                    found.add(f"{module_name}.{name}.{member}" + ("" if isinstance(static, property) else "()"))
+    return found
+
+
+def test_every_deprecated_member_is_registered() -> None:
+    assert _deprecated_members() == {old for old, _, _ in RENAMED_MEMBERS}
+
+
+def test_deprecated_members_warn_and_keep_their_values() -> None:
+    from kafka2pc import OpenTransaction, ProducerState, TopicAndPartition, TransactionDescription, TransactionInfo
+
+    desc = TransactionDescription("t", "Ongoing", 1, 0, 60_000, 1, (), 0)
+    info = TransactionInfo(desc, 2.5, ())
+    with warns("TransactionInfo.open_for_ms", "open_for_s"):
+        assert info.open_for_ms == 2500
+    with warns("TransactionInfo.open_for_ms", "open_for_s"):
+        assert TransactionInfo(desc, None, ()).open_for_ms == -1
+    hanging = OpenTransaction(TopicAndPartition("t", 0), ProducerState(1, 0, 0, 0, 0, 0), 1.25, None, None, True, "r")
+    with warns("OpenTransaction.duration_ms", "duration_s"):
+        assert hanging.duration_ms == 1250
+    with TransactionAdmin(UNREACHABLE, timeout_s=0.5) as admin:
+        with warns("max_transaction_timeout_ms()", "max_transaction_timeout_s()"), pytest.raises(BrokerUnavailableError):
+            admin.max_transaction_timeout_ms()
+        with warns("outcome_of()", "transaction_outcome()"):
+            assert admin.outcome_of(kafka2pc.PreparedTxnState()) is kafka2pc.TransactionOutcome.NONE
+
+
+def test_writer_status_is_state(engine: sa.Engine) -> None:
+    writer = DualWriter(engine, WRITER_CONFIG)
+    with warns("DualWriter.status", "DualWriter.state"):
+        assert writer.status is writer.state
+
+
+def test_flush_without_a_bound_is_deprecated_and_close_refuses_a_negative_timeout(engine: sa.Engine) -> None:
+    producer = kafka2pc.TwoPhaseCommitProducer(WRITER_CONFIG)
+    try:
+        with warns("flush(timeout=-1)", "flush(timeout=<seconds>)"), pytest.raises(kafka2pc.IllegalStateError):
+            producer.flush(-1)
+    finally:
+        producer.close(timeout=0.5)
+    with TransactionAdmin(UNREACHABLE) as admin, pytest.raises(UsageError, match="not negative"):
+        admin.close(timeout=-1)
+    with pytest.raises(UsageError, match="not negative"):
+        DualWriter(engine, WRITER_CONFIG).close(timeout=-1)

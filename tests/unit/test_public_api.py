@@ -17,6 +17,8 @@ EXPECTED = [
     "AbortableError",
     "AuthorizationError",
     "BrokerUnavailableError",
+    "DEFAULT_CLOSE_TIMEOUT_S",
+    "DEFAULT_TIMEOUT_S",
     "Decision",
     "FatalError",
     "HeuristicOutcomeError",
@@ -34,6 +36,7 @@ EXPECTED = [
     "RecoveryPlan",
     "RetriableError",
     "Settlement",
+    "TIMEOUT_SLACK_S",
     "TopicAndPartition",
     "TransactionAdmin",
     "TransactionDescription",
@@ -42,6 +45,7 @@ EXPECTED = [
     "TransactionalIdMismatchError",
     "TwoPhaseCommitProducer",
     "TxnState",
+    "UnknownTopicError",
     "UnsupportedBrokerError",
     "UsageError",
     "__version__",
@@ -70,7 +74,18 @@ def test_star_import_gives_exactly_all() -> None:
     assert sorted(k for k in namespace if k != "__builtins__") == sorted(kafka2pc.__all__)
 
 
-@pytest.mark.parametrize("name", PUBLIC)
+CONSTANTS = [name for name in PUBLIC if name.isupper()]
+
+
+@pytest.mark.parametrize("name", CONSTANTS)
+def test_exported_constant_is_a_documented_bound(name: str) -> None:
+    """The module constants are the default bounds, in seconds, and docs/configuration.md names each."""
+    assert name.endswith("_S") and isinstance(getattr(kafka2pc, name), float) and getattr(kafka2pc, name) > 0
+    page = (Path(kafka2pc.__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    assert f"kafka2pc.{name}" in page
+
+
+@pytest.mark.parametrize("name", [n for n in PUBLIC if n not in CONSTANTS])
 def test_exported_name_is_public_and_documented(name: str) -> None:
     obj = getattr(kafka2pc, name)
     assert obj.__module__ == "kafka2pc", f"{name} shows up as {obj.__module__}.{name}"

@@ -109,7 +109,7 @@ class OffLoopTopicCheck(TopicCheck):
         self._off_loop = off_loop
 
     def require(self, topic: str, transactional_id: str) -> None:
-        """Raise :class:`TopicNotFoundError` if the cluster says ``topic`` does not exist."""
+        """Raise :class:`~kafka2pc.UnknownTopicError` if the cluster says ``topic`` does not exist."""
         if topic in self.known:
             return
         self._off_loop.run(lambda: TopicCheck.require(self, topic, transactional_id))

@@ -13,7 +13,9 @@ would block answers through the loop instead:
   between two waits, so the loop's single thread is all the exclusion it needs;
 * the renewal and the orphan scan are tasks of the loop, not threads;
 * orphans are settled ``settle_parallelism`` at a time by tasks, each with
-  an :class:`~kafka2pc.aio.AsyncTransactionAdmin` of its own.
+  an :class:`~kafka2pc.aio.AsyncTransactionAdmin` of its own;
+* a pipelined commit (``pipelined=True``) runs as a task of the loop
+  (:class:`_LoopPipeline`), not on a worker thread.
 """
 
 from __future__ import annotations
@@ -22,19 +24,20 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from kafka2pc import PreparedTxnState, Settlement, TransactionDescription, UsageError
+from kafka2pc import IllegalStateError, PreparedTxnState, Settlement, TransactionDescription, UsageError
 from kafka2pc._deprecation import seconds_from_ms
 from kafka2pc.aio import AsyncTransactionAdmin
 
 from .._lease import Lease
 from .._orphans import _Admins
+from .._pipeline import CommitPipeline
 from .._pool import PoolMetrics, WriterPool
 from .._values import RecoveryResult, StepHook
 from ._bridge import in_greenlet, run_to_completion, wait_for
@@ -117,6 +120,40 @@ class _LoopEvent:
         return self._event.is_set()
 
 
+class _LoopSemaphore:
+    """:class:`threading.BoundedSemaphore`'s ``acquire``/``release`` for the pool's greenlets."""
+
+    def __init__(self, value: int) -> None:
+        self._semaphore = asyncio.BoundedSemaphore(value)
+
+    def acquire(self) -> bool:
+        """Inside a greenlet: let the loop run until a place is free."""
+        return wait_for(self._semaphore.acquire())
+
+    def release(self) -> None:
+        self._semaphore.release()
+
+
+class _LoopPipeline(CommitPipeline):
+    """The pipelined commit on the loop: each Kafka commit runs in a task (a greenlet of its own)."""
+
+    def __init__(self, max_in_flight: int, slow_commit_s: float) -> None:
+        super().__init__(max_in_flight, slow_commit_s)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+        self._executor = None
+        self._places = cast("threading.BoundedSemaphore", _LoopSemaphore(max_in_flight))
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _new_event(self) -> _LoopEvent:
+        return _LoopEvent()
+
+    def _spawn(self, run: Callable[[], None]) -> None:
+        task = asyncio.ensure_future(in_greenlet(run))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
 class _GreenletAdmin:
     """The :class:`~kafka2pc.TransactionAdmin` calls the pool settles orphans with, answered by an async admin."""
 
@@ -124,10 +161,11 @@ class _GreenletAdmin:
         self._admin = admin
 
     def complete_transaction(
-        self, transactional_id: str, state: PreparedTxnState, *, fence: bool = True, raise_on_heuristic: bool = True
+        self, transactional_id: str, state: PreparedTxnState, *, fence: bool = True,
+        on_heuristic: Literal["raise", "report"] = "raise",
     ) -> Settlement:
         return wait_for(self._admin.complete_transaction(
-            transactional_id, state, fence=fence, raise_on_heuristic=raise_on_heuristic))
+            transactional_id, state, fence=fence, on_heuristic=on_heuristic))
 
     def force_terminate_transaction(self, transactional_id: str) -> TransactionDescription | None:
         return wait_for(self._admin.force_terminate_transaction(transactional_id))
@@ -159,8 +197,10 @@ class _LoopPool(WriterPool):
     _tasks: list[asyncio.Task[None]]
 
     def _new_writer(self, tid: str) -> DualWriter:
-        return _LoopWriter(self._engine, {**self._config, "transactional.id": tid},
-                           state_table=self._state_table, **self._writer_options)
+        writer = _LoopWriter(self._engine, {**self._config, "transactional.id": tid},
+                             state_table=self._state_table, **self._writer_options)
+        writer._step_observers = self._step_observers
+        return writer
 
     def _new_condition(self) -> threading.Condition:
         return cast("threading.Condition", _LoopCondition())
@@ -170,6 +210,9 @@ class _LoopPool(WriterPool):
 
     def _new_admins(self) -> _Admins:
         return _LoopAdmins(self._config)
+
+    def _new_pipeline(self, max_in_flight: int, slow_commit_s: float) -> CommitPipeline:
+        return _LoopPipeline(max_in_flight, slow_commit_s)
 
     def _start_background(self) -> None:
         self._tasks = [
@@ -216,10 +259,15 @@ class AsyncWriterPool:
     the renewal and the orphan scan are tasks of the loop instead of threads.
     Sync and async instances of one ``prefix`` may share the ids.
 
-    Call :meth:`start` (or use ``async with``) before the first transaction,
-    e.g. in a FastAPI lifespan, and :meth:`close` at shut-down.
-    ``pipelined=True`` is not offered here (:class:`~kafka2pc.UsageError`):
-    each transaction returns once Kafka committed too.
+    With ``start=True`` (the default) the pool starts by itself on ``async
+    with`` or at its first transaction (a constructor cannot wait on the
+    database); call :meth:`start` to start it earlier, e.g. in a FastAPI
+    lifespan.  With ``start=False`` only :meth:`start` starts it, and a
+    transaction before raises :class:`~kafka2pc.IllegalStateError`.  Call
+    :meth:`close` at shut-down.  ``pipelined=True`` completes each Kafka
+    commit in a task of the loop once the database COMMIT is durable, as
+    :class:`~kafka2pc.recipes.dual_write.WriterPool` does in a thread (see
+    :meth:`transaction` and :meth:`wait_visible`).
 
     Example::
 
@@ -244,6 +292,8 @@ class AsyncWriterPool:
         acquire_timeout_s: float = 30.0,
         settle_parallelism: int = 8,
         pipelined: bool = False,
+        max_in_flight: int | None = None,
+        slow_commit_s: float = 1.0,
         state_table: sa.Table | None = None,
         lease_table: sa.Table | None = None,
         owner: str | None = None,
@@ -251,6 +301,7 @@ class AsyncWriterPool:
         lock_timeout_s: float | None = None,
         kafka_timeout_s: float | None = None,
         on_step: StepHook | None = None,
+        start: bool = True,
         lock_timeout_ms: int | None = None,
     ) -> None:
         """As the class documents; ``lock_timeout_ms`` is the deprecated spelling of ``lock_timeout_s``."""
@@ -261,16 +312,15 @@ class AsyncWriterPool:
                 f"AsyncWriterPool takes an AsyncEngine (sqlalchemy.ext.asyncio.create_async_engine), not "
                 f"{type(engine).__name__}; use WriterPool with a sync Engine"
             )
-        if pipelined:
-            raise UsageError("AsyncWriterPool has no pipelined commit: leave pipelined=False (each transaction "
-                             "returns once Kafka committed), or use WriterPool for pipelined commits")
         self._engine = engine
         self._sync = _LoopPool(
             engine.sync_engine, producer_config, prefix=prefix, size=size, max_slots=max_slots, lease_s=lease_s,
             scan_every_s=scan_every_s, acquire_timeout_s=acquire_timeout_s, settle_parallelism=settle_parallelism,
+            pipelined=pipelined, max_in_flight=max_in_flight, slow_commit_s=slow_commit_s,
             state_table=state_table, lease_table=lease_table, owner=owner, retain_records=retain_records,
             lock_timeout_s=lock_timeout_s, kafka_timeout_s=kafka_timeout_s, on_step=on_step, start=False,
         )
+        self._auto_start = start
         self._starting = asyncio.Lock()
 
     # -- introspection ---------------------------------------------------------------
@@ -331,15 +381,17 @@ class AsyncWriterPool:
         async with self._starting:
             await run_to_completion(self._sync.start)
 
-    async def close(self, timeout: float = 30.0) -> None:
-        """Give the leases back (as :meth:`WriterPool.close`) and stop the background tasks.
+    async def close(self, timeout: float | None = None) -> None:
+        """Drain the pipelined commits, give the leases back (as :meth:`WriterPool.close`), stop the background tasks.
 
-        Waits up to ``timeout`` for transactions still running in other tasks.
+        Waits up to ``timeout`` seconds (``None``: :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`)
+        for transactions still running in other tasks and for pipelined commits.
         """
         await run_to_completion(self._sync.close, timeout)
 
     async def __aenter__(self) -> Self:
-        await self.start()
+        if self._auto_start:
+            await self.start()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -347,7 +399,9 @@ class AsyncWriterPool:
 
     # -- transactions ----------------------------------------------------------------
     @asynccontextmanager
-    async def transaction(self, bind: AsyncBind) -> AsyncIterator[AsyncDualWriteTransaction]:
+    async def transaction(
+        self, bind: AsyncBind, *, wait_visible: bool = False
+    ) -> AsyncIterator[AsyncDualWriteTransaction]:
         """Run one atomic database + Kafka transaction on ``bind`` (an ``AsyncSession`` or ``AsyncConnection``).
 
         :meth:`WriterPool.transaction` for asyncio, on one of this instance's
@@ -358,13 +412,28 @@ class AsyncWriterPool:
         steps and errors as :meth:`AsyncDualWriter.transaction`; a
         :class:`~kafka2pc.ProducerFencedError` means this instance lost that
         id (the slot is dropped, the next transaction runs on another).
-        Starts the pool first if :meth:`start` was not called.
+        Starts the pool first if :meth:`start` was not called (``start=True``).
+
+        A pipelined pool returns once the database COMMIT is durable, its
+        Kafka commit completing in a task; ``wait_visible=True`` (or
+        :meth:`wait_visible`) waits until ``read_committed`` readers see the records.
         """
         target = _sync_target(bind)
         if not self._sync._started and not self._sync._closed:
+            if not self._auto_start:
+                raise IllegalStateError(f"pool {self.prefix!r} was made with start=False: await start() first")
             await self.start()
-        async with run_scope(self._sync.transaction(target)) as handle:
+        async with run_scope(self._sync.transaction(target, wait_visible=wait_visible)) as handle:
             yield AsyncDualWriteTransaction(handle)
+
+    async def wait_visible(self, timeout: float | None = None) -> None:
+        """Wait until every transaction this pool committed so far is visible to ``read_committed`` readers.
+
+        As :meth:`WriterPool.wait_visible`: a no-op unless pipelined; raises
+        the error of a background commit that failed, and :class:`TimeoutError`
+        after ``timeout`` seconds.
+        """
+        await in_greenlet(self._sync.wait_visible, timeout)
 
     # -- orphans -----------------------------------------------------------------------
     async def settle_orphans(self) -> list[RecoveryResult]:

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from kafka2pc import IllegalStateError, PreparedTxnState, UsageError
-from kafka2pc._deprecation import seconds_from_ms
+from kafka2pc._deprecation import deprecated_property, seconds_from_ms
 from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 
 from .._handle import DualWriteTransaction
@@ -70,6 +70,11 @@ class AsyncDualWriteTransaction:
         self._handle = handle
 
     @property
+    def connection(self) -> AsyncConnection:
+        """The database connection of this transaction (the ``AsyncConnection`` over the sync one)."""
+        return AsyncConnection._retrieve_proxy_for_target(self._handle.connection)
+
+    @property
     def transactional_id(self) -> str:
         """The Kafka transactional id this transaction runs under."""
         return self._handle.transactional_id
@@ -89,11 +94,10 @@ class AsyncDualWriteTransaction:
         topic: str,
         value: str | bytes | None = None,
         key: str | bytes | None = None,
-        *,
         partition: int | None = None,
-        headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None = None,
-        timestamp: int | None = None,
         on_delivery: Callable[[Any, Any], None] | None = None,
+        timestamp: int | None = None,
+        headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None = None,
     ) -> None:
         """Produce one record in the transaction (arguments as :meth:`DualWriteTransaction.produce`).
 
@@ -227,9 +231,11 @@ class AsyncDualWriter:
         return self._sync.fenced
 
     @property
-    def status(self) -> WriterState:
-        """Where the writer is in its life cycle."""
-        return self._sync.status
+    def state(self) -> WriterState:
+        """Where the writer is in its life cycle (as :attr:`kafka2pc.aio.AsyncTwoPhaseCommitProducer.state`)."""
+        return self._sync.state
+
+    status = deprecated_property("status", "state", lambda self: self._sync.state)
 
     def metrics(self) -> DualWriteMetrics:
         """A snapshot of this writer's gauges and counters (no I/O)."""
@@ -296,9 +302,12 @@ class AsyncDualWriter:
         async with self._exclusive(), run_scope(self._sync.transaction(target)) as handle:
             yield AsyncDualWriteTransaction(handle)
 
-    async def close(self) -> None:
-        """Release the producer (and its thread).  A prepared transaction is left for the next :meth:`recover`."""
-        await in_greenlet(self._sync.close)
+    async def close(self, timeout: float | None = None) -> None:
+        """Release the producer (and its thread).  A prepared transaction is left for the next :meth:`recover`.
+
+        ``timeout`` as for :meth:`DualWriter.close`.
+        """
+        await in_greenlet(self._sync.close, timeout)
 
     async def __aenter__(self) -> Self:
         return self

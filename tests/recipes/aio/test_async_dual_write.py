@@ -23,7 +23,6 @@ from kafka2pc.recipes.dual_write import (
     MissingTableError,
     StateRowLockedError,
     Step,
-    TopicNotFoundError,
     TransactionMisuseError,
     WriterState,
     define_state_table,
@@ -32,7 +31,7 @@ from kafka2pc.recipes.dual_write.aio import AsyncDualWriter, recover_all
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from kafka2pc import IllegalStateError, PreparedTxnState, ProducerFencedError, UsageError
+from kafka2pc import IllegalStateError, PreparedTxnState, ProducerFencedError, UnknownTopicError, UsageError
 from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 from kafka2pc.testing import create_topic, drain, end_offsets
 
@@ -80,7 +79,7 @@ def test_session_and_connection_commit_both_sides_through_the_same_steps(env: En
         writer = env.async_writer(engine, on_step=steps.append)
         first = await writer.recover()
         assert first.settlement is not None and first.settlement.plan.decision.value == "nothing"
-        assert writer.status is WriterState.READY and isinstance(writer.producer, AsyncTwoPhaseCommitProducer)
+        assert writer.state is WriterState.READY and isinstance(writer.producer, AsyncTwoPhaseCommitProducer)
         steps.clear()
         async with engine.connect() as conn:  # AsyncConnection, autobegun
             async with writer.transaction(conn) as tx:
@@ -106,7 +105,7 @@ def test_session_and_connection_commit_both_sides_through_the_same_steps(env: En
         ]
         assert writer.metrics().transactions_committed == 2
         await writer.close()
-        assert writer.status is WriterState.CLOSED
+        assert writer.state is WriterState.CLOSED
         return tx.prepared_state
 
     last = run(scenario, env)
@@ -298,7 +297,7 @@ def test_a_cancelled_task_does_not_interrupt_the_commit(env: Env) -> None:
         holder["task"] = task
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert writer.status is WriterState.READY and writer.metrics().transactions_committed == 1
+        assert writer.state is WriterState.READY and writer.metrics().transactions_committed == 1
         await env.commit_one_async(engine, writer, "next")  # no recovery needed
         assert writer.metrics().recoveries == 1
         await writer.close()
@@ -341,7 +340,7 @@ def test_missing_table_missing_topic_and_a_locked_state_row_are_typed_errors(env
         writer = env.async_writer(engine, lock_timeout_s=0.5)
         await writer.recover()
         started = time.monotonic()
-        with pytest.raises(TopicNotFoundError, match="no-such-topic"):
+        with pytest.raises(UnknownTopicError, match="no-such-topic"):
             async with engine.connect() as conn, writer.transaction(conn) as tx:
                 await tx.produce(f"no-such-topic-{env.series}", value=b"x")
         assert time.monotonic() - started < 15

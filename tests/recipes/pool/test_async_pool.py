@@ -61,8 +61,8 @@ def test_async_pool_config_errors(pg_url: str, kafka_bootstrap: str) -> None:
 
     async def scenario() -> None:
         engine = _async_engine(pg_url)
-        with pytest.raises(UsageError, match="pipelined"):
-            AsyncWriterPool(engine, config, prefix="p", size=2, pipelined=True)
+        with pytest.raises(UsageError, match="max_in_flight"):
+            AsyncWriterPool(engine, config, prefix="p", size=2, pipelined=True, max_in_flight=0)
         with pytest.raises(UsageError, match="max_slots"):
             AsyncWriterPool(engine, config, prefix="p", size=2, max_slots=3)
         with pytest.raises(UsageError, match="transactional.id"):

@@ -177,7 +177,7 @@ class OpenWatcher:
                 info = self._admin.describe_transaction(tid)
                 if info is None or not info.is_open:
                     continue
-                now, open_s = time.monotonic(), info.open_for_ms / 1000
+                now, open_s = time.monotonic(), info.open_for_s or 0.0
                 self.longest_s = max(self.longest_s, open_s)
                 net = open_s - self.cpu_waits.waited_s(now - open_s, now)
                 if net > self.longest_net_s:

@@ -236,7 +236,7 @@ def test_broker_down_after_the_database_commit_ends_within_kafka_timeout(
     assert "not lost" in message and "recover()" in message and "do not redo" in message, message
     in_doubt = info.value.state
     assert isinstance(in_doubt, PreparedTxnState) and not in_doubt.is_empty
-    assert writer.status is WriterState.NEEDS_RECOVERY
+    assert writer.state is WriterState.NEEDS_RECOVERY
     assert writer.metrics().in_doubt_transactions == 1
     with engine.connect() as conn:  # the database committed it: its state is the one stored
         stored = conn.execute(sa.select(states.c.prepared_txn_state).where(states.c.transactional_id == tid))

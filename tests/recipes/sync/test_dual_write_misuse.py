@@ -274,7 +274,7 @@ def test_a_writer_taken_over_between_transactions_sees_producer_fenced(env: Env)
     second.recover()
     with pytest.raises(ProducerFencedError), env.engine.connect() as conn, first.transaction(conn) as tx:
         env.write(conn, tx, "a-2")
-    assert first.status is WriterState.FENCED
+    assert first.state is WriterState.FENCED
     with env.engine.connect() as conn, second.transaction(conn) as tx:
         env.write(conn, tx, "b-1")
     assert env.rows() == {"a-1", "b-1"}
@@ -347,13 +347,13 @@ def test_a_missing_state_table_is_a_clear_error_saying_how_to_create_it(env: Env
 
 
 def test_producing_to_a_missing_topic_fails_fast_naming_the_topic(env: Env) -> None:
-    from kafka2pc.recipes.dual_write import TopicNotFoundError
+    from kafka2pc import UnknownTopicError
 
     writer = env.writer()
     writer.recover()
     missing = f"no-such-topic-{env.series}"
     started = time.monotonic()
-    with pytest.raises(TopicNotFoundError, match=missing) as info:
+    with pytest.raises(UnknownTopicError, match=missing) as info:
         with env.engine.connect() as conn, writer.transaction(conn) as tx:
             env.write(conn, tx, "orphan")
             tx.produce(missing, value=b"x")
@@ -391,7 +391,7 @@ def test_an_odd_producer_failure_of_a_taken_over_writer_is_producer_fenced(env: 
     _fail_prepare_with_system_error(first)
     with pytest.raises(FatalError, match="SystemError"), env.engine.connect() as conn, first.transaction(conn) as tx:
         env.write(conn, tx, "not-taken-over")  # not taken over: a FatalError, not a raw SystemError
-    assert first.status in (WriterState.READY, WriterState.NEEDS_RECOVERY)  # rolled back on both sides
+    assert first.state in (WriterState.READY, WriterState.NEEDS_RECOVERY)  # rolled back on both sides
     assert env.rows() == {"a-1"}
     first.recover()  # a new producer
     _fail_prepare_with_system_error(first)
