@@ -213,7 +213,7 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
 
 def sink_metrics(ours: KafkaTwoPhaseSink) -> dict[str, Any]:
     """Per batch of ``ours``: time to visibility and where it went (the sink's own metrics)."""
-    ms = ours.metrics
+    ms = ours.metrics()
     return {
         "ttv_s": [m.time_to_visibility_s for m in ms],
         "commit_s": [m.commit_latency_s for m in ms],

@@ -153,8 +153,8 @@ def find_hanging_command(
         [
             (f"{o.partition.topic}-{o.partition.partition}", o.producer.producer_id, o.producer.producer_epoch,
              o.producer.coordinator_epoch, o.producer.current_txn_start_offset,
-             format_duration(o.duration_ms) + " ago", o.transactional_id or "-", "yes" if o.hanging else "no",
-             o.reason)
+             format_duration(round(o.duration_s * 1000)) + " ago", o.transactional_id or "-",
+             "yes" if o.hanging else "no", o.reason)
             for o in shown
         ],
     ))

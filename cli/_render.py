@@ -25,6 +25,7 @@ __all__ = [
     "JSON_VERSION",
     "dump_json",
     "format_duration",
+    "info_open_ms",
     "open_transaction_json",
     "parse_duration_ms",
     "parse_duration_s",
@@ -123,6 +124,11 @@ def open_for_ms(desc: TransactionDescription | None, now_ms: int | None = None) 
 _OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
 
 
+def info_open_ms(info: TransactionInfo) -> int:
+    """``info.open_for_s`` in whole milliseconds, as the JSON documents carry it (``-1`` when none is open)."""
+    return -1 if info.open_for_s is None else round(info.open_for_s * 1000)
+
+
 def _partition_json(topic: str, partition: int, lag: PartitionLag | None) -> dict[str, Any]:
     return {
         "topic": topic,
@@ -147,7 +153,7 @@ def transaction_json(info: TransactionInfo) -> dict[str, Any]:
         "coordinator_id": desc.coordinator_id,
         "timeout_ms": desc.timeout_ms,
         "start_time_ms": desc.start_time_ms if desc.start_time_ms > 0 else None,
-        "open_for_ms": info.open_for_ms if info.open_for_ms >= 0 else None,
+        "open_for_ms": info_open_ms(info) if info.open_for_s is not None else None,
         "held_back": sum(lag.held_back for lag in info.partitions),
         "partitions": partitions,
     }
@@ -197,7 +203,7 @@ def open_transaction_json(found: OpenTransaction) -> dict[str, Any]:
         "topic": found.partition.topic,
         "partition": found.partition.partition,
         **producer_json(found.producer),
-        "duration_ms": found.duration_ms,
+        "duration_ms": round(found.duration_s * 1000),
         "transactional_id": found.transactional_id,
         "coordinator_state": found.coordinator_state,
         "hanging": found.hanging,

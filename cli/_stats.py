@@ -28,7 +28,7 @@ import click
 
 from ._group import cli
 from ._options import Duration, connection_options, current_settings, open_admin, output_option, parse_listen_address
-from ._render import JSON_VERSION, dump_json, format_duration, render_table, repeat
+from ._render import JSON_VERSION, dump_json, format_duration, info_open_ms, render_table, repeat
 
 if TYPE_CHECKING:
     from kafka2pc import TransactionAdmin, TransactionInfo
@@ -100,7 +100,7 @@ def _held_back(
             entry = partitions.setdefault((lag.topic, lag.partition), {
                 "topic": lag.topic, "partition": lag.partition, "last_stable_offset": lag.last_stable_offset,
                 "high_watermark": lag.high_watermark, "held_back": lag.held_back,
-                "held_back_for_ms": info.open_for_ms, "holding_transactional_id": info.transactional_id,
+                "held_back_for_ms": info_open_ms(info), "holding_transactional_id": info.transactional_id,
                 "holding_producer_id": info.description.producer_id, "hanging": False, "transactional_ids": [],
             })
             entry["transactional_ids"].append(info.transactional_id)
@@ -124,7 +124,7 @@ def _held_back(
         partitions[(lag.topic, lag.partition)] = {
             "topic": lag.topic, "partition": lag.partition, "last_stable_offset": lag.last_stable_offset,
             "high_watermark": lag.high_watermark, "held_back": lag.held_back,
-            "held_back_for_ms": owner.open_for_ms if owner else max(0, now - holder.last_timestamp_ms),
+            "held_back_for_ms": info_open_ms(owner) if owner else max(0, now - holder.last_timestamp_ms),
             "holding_transactional_id": owner.transactional_id if owner else None,
             "holding_producer_id": holder.producer_id, "hanging": owner is None,
             "transactional_ids": [owner.transactional_id] if owner else [],
@@ -145,7 +145,7 @@ def collect_stats(admin: TransactionAdmin, *, now_ms: int | None = None) -> dict
     """
     infos = admin.list_transactions()
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    open_infos = sorted((i for i in infos if i.is_open), key=lambda i: (-i.open_for_ms, i.transactional_id))
+    open_infos = sorted((i for i in infos if i.is_open), key=lambda i: (-info_open_ms(i), i.transactional_id))
 
     coordinators: dict[int, dict[str, Any]] = {}
     for info in infos:
@@ -159,8 +159,8 @@ def collect_stats(admin: TransactionAdmin, *, now_ms: int | None = None) -> dict
         if info.is_open:
             entry["open"] += 1
             oldest = entry["oldest_open"]
-            if oldest is None or info.open_for_ms > oldest["open_for_ms"]:
-                entry["oldest_open"] = {"transactional_id": info.transactional_id, "open_for_ms": info.open_for_ms}
+            if oldest is None or info_open_ms(info) > oldest["open_for_ms"]:
+                entry["oldest_open"] = {"transactional_id": info.transactional_id, "open_for_ms": info_open_ms(info)}
 
     partitions = _held_back(admin, open_infos, now)
     prefixes: dict[str, dict[str, Any]] = {}
@@ -169,7 +169,7 @@ def collect_stats(admin: TransactionAdmin, *, now_ms: int | None = None) -> dict
         prefix = id_prefix(info.transactional_id)
         entry = prefixes.setdefault(prefix, {
             "prefix": prefix, "open": 0, "held_back": 0, "held_back_partitions": 0,
-            "oldest_open_ms": info.open_for_ms, "oldest_transactional_id": info.transactional_id,
+            "oldest_open_ms": info_open_ms(info), "oldest_transactional_id": info.transactional_id,
         })
         entry["open"] += 1
         prefix_partitions.setdefault(prefix, set()).update(

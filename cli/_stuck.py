@@ -31,7 +31,7 @@ import click
 from ._errors import ExitCode
 from ._group import cli
 from ._options import DEFAULT_STATE_TABLE, DURATION, connection_options, current_settings, open_admin, output_option
-from ._render import JSON_VERSION, dump_json, format_duration, render_table
+from ._render import JSON_VERSION, dump_json, format_duration, info_open_ms, render_table
 from ._stats import id_prefix
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def stuck_transactions(
 
     entries = []
     for info in admin.list_transactions():
-        if not info.is_open or info.open_for_ms < older_than_ms:
+        if not info.is_open or info_open_ms(info) < older_than_ms:
             continue
         stored = states.get(info.transactional_id)
         committed = False
@@ -101,7 +101,7 @@ def stuck_transactions(
         entry: dict[str, Any] = {
             "transactional_id": info.transactional_id, "prefix": id_prefix(info.transactional_id),
             "state": info.state, "producer_id": desc.producer_id, "producer_epoch": desc.producer_epoch,
-            "open_for_ms": info.open_for_ms, "held_back": sum(lag.held_back for lag in info.partitions),
+            "open_for_ms": info_open_ms(info), "held_back": sum(lag.held_back for lag in info.partitions),
             "stored_state": stored, "heuristic_if_aborted": committed, "action": action, "reason": reason,
         }
         if abort:

@@ -27,7 +27,7 @@ __all__ = [
     "seconds_from_ms",
 ]
 
-REMOVAL = "kafka2pc 1.1"
+REMOVAL = "kafka2pc 2.0"
 """The release that removes the deprecated names."""
 
 RENAMED_ARGUMENTS: tuple[tuple[str, str, str], ...] = (
@@ -72,6 +72,7 @@ RENAMED_MEMBERS: tuple[tuple[str, str, str], ...] = (
     ("kafka2pc.aio.StallReport.percentile()", "percentile_s()", "same unit"),
     ("kafka2pc.recipes.dual_write.DualWriter.status", "state", "same value"),
     ("kafka2pc.recipes.dual_write.aio.AsyncDualWriter.status", "state", "same value"),
+    ("kafka2pc.recipes.spark.SinkDecision.created_ms", "created_s", "seconds"),
 )
 """Deprecated properties and methods of public classes: ``(old, replacement, note)``; each warns when used
 (marked ``__deprecated__``: ``tests/unit/test_deprecated_names.py`` checks the two agree)."""

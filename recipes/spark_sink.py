@@ -1,4 +1,4 @@
-"""Deprecated: import from :mod:`kafka2pc.recipes.spark` (kafka2pc 1.1 removes this module).
+"""Deprecated: import from :mod:`kafka2pc.recipes.spark` (kafka2pc 2.0 removes this module).
 
 It re-exports exactly the package's public names.
 """

@@ -88,7 +88,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 _RENAMED = {"StepHook": "SinkStepHook"}
-"""Old names that still work, with a ``DeprecationWarning``, until kafka2pc 1.1."""
+"""Old names that still work, with a ``DeprecationWarning``, until kafka2pc 2.0."""
 
 
 def __getattr__(name: str) -> object:

@@ -98,7 +98,7 @@ class KafkaTwoPhaseSink:
     accepts connections: a refused or unresolvable bootstrap fails at once
     with :class:`~kafka2pc.BrokerUnavailableError` naming each address.
 
-    ``sink.metrics`` holds the last ``metrics_history`` :class:`BatchMetrics`;
+    ``sink.metrics()`` returns the last ``metrics_history`` :class:`BatchMetrics`;
     ``sink.last_batch_metrics`` the newest.  Call :meth:`recover` to settle
     leftovers without running a batch, :meth:`close` when the query is done.
 
@@ -173,9 +173,8 @@ class KafkaTwoPhaseSink:
         """Where the decisions of the query served last are stored (known after its first batch unless given)."""
         return self._current.store if self._current is not None else self._store
 
-    @property
     def metrics(self) -> list[BatchMetrics]:
-        """Metrics of the recent batches (of every query served), oldest first."""
+        """Metrics of the recent batches (of every query served), oldest first: a copy, as ``writer.metrics()``."""
         return list(self._metrics)
 
     @property
@@ -221,10 +220,17 @@ class KafkaTwoPhaseSink:
                 binding.recovered = True
         return settled
 
-    def close(self) -> None:
-        """Close the driver's coordinator connections."""
+    def close(self, timeout: float | None = None) -> None:
+        """Close the driver's coordinator connections.
+
+        Closing sockets does not wait on the network: it returns at once, well within any ``timeout``
+        (seconds; accepted for the signature every ``close`` of kafka2pc shares). A negative ``timeout`` is a
+        :class:`~kafka2pc.UsageError`.
+        """
+        if timeout is not None and timeout < 0:
+            raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
         if self._admin is not None:
-            self._admin.close()
+            self._admin.close(timeout)
             self._admin = None
 
     # -- one batch -------------------------------------------------------------------

@@ -60,9 +60,8 @@ class DataSourceMonitor:
         self._listeners: list[Callable[[BatchMetrics], None]] = []
         self._lock = threading.Lock()
 
-    @property
     def metrics(self) -> list[BatchMetrics]:
-        """Metrics of the recent batches, oldest first."""
+        """Metrics of the recent batches, oldest first (a copy, as ``writer.metrics()``)."""
         with self._lock:
             return list(self._metrics)
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from kafka2pc import Kafka2pcError, PreparedTxnState, UsageError
 from kafka2pc import UnknownTopicError as _CoreUnknownTopicError
+from kafka2pc._deprecation import deprecated_property
 
 DECISION_FORMAT: Final = "kafka2pc-spark-decision/1"
 
@@ -52,12 +52,7 @@ class SinkDecision:
     transactions: tuple[SinkTransaction, ...]
     created_s: float = 0.0
 
-    @property
-    def created_ms(self) -> int:
-        """Deprecated: ``created_s`` in milliseconds (kafka2pc 1.1 removes it)."""
-        warnings.warn("SinkDecision.created_ms is deprecated: use created_s (seconds)", DeprecationWarning,
-                      stacklevel=2)
-        return int(self.created_s * 1000)
+    created_ms = deprecated_property("created_ms", "created_s", lambda self: int(self.created_s * 1000))
 
     def to_json(self) -> bytes:
         """Serialize (UTF-8 JSON, one object)."""

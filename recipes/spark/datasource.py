@@ -1,6 +1,6 @@
 """Deprecated: import from :mod:`kafka2pc.recipes.spark` (``register_data_source``, ``recover``).
 
-kafka2pc 1.1 removes this module.  ``Kafka2pcDataSource`` stays importable
+kafka2pc 2.0 removes this module.  ``Kafka2pcDataSource`` stays importable
 here until then; ``register_data_source`` registers it.
 """
 

@@ -19,11 +19,17 @@ import pytest
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+_OWN_SETTINGS = "DJANGO_SETTINGS_MODULE" not in os.environ
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "djtest.settings")
 
 import django  # noqa: E402
 
 django.setup()
+if _OWN_SETTINGS:
+    # pytest-xdist's workers inherit this environment and start with the sys.path the controller had before
+    # this file ran, and pytest-django imports DJANGO_SETTINGS_MODULE before any conftest: left set, a worker
+    # dies on "No module named 'djtest'". Each process that imports this file configures Django itself.
+    del os.environ["DJANGO_SETTINGS_MODULE"]
 
 from djtest.params import on  # noqa: E402 - after django.setup()
 

@@ -146,7 +146,7 @@ def main() -> None:
             spark.stop()
             os._exit(3)
     with open(cfg["metrics_path"], "w") as out:
-        json.dump([dataclasses.asdict(m) for m in sink.metrics], out, default=str)
+        json.dump([dataclasses.asdict(m) for m in sink.metrics()], out, default=str)
     sink.close()
     spark.stop()
     os._exit(0)  # do not wait for py4j's non-daemon threads

@@ -79,8 +79,8 @@ def test_task_failing_after_prepare_is_retried_without_duplicates(
     sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out), faults)
     run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
 
-    assert [m.batch_id for m in sink.metrics] == [0, 1, 2]
-    for m in sink.metrics:
+    assert [m.batch_id for m in sink.metrics()] == [0, 1, 2]
+    for m in sink.metrics():
         assert m.task_attempts == {0: 1, 1: 0}, m  # partition 0's result came from its retry
         assert m.transactions_committed == 2 and m.records == 300
         # Visible at the last commit: the decision and the commits, not the stray sweep after them.
@@ -98,10 +98,10 @@ def test_speculative_copy_fencing_the_original_makes_it_fail(
     sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out), faults)
     run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
 
-    by_batch = {m.batch_id: m for m in sink.metrics}
+    by_batch = {m.batch_id: m for m in sink.metrics()}
     assert by_batch[1].task_attempts[1] >= 1, "the fenced original cannot have succeeded"
     assert by_batch[0].task_attempts == {0: 0, 1: 0}
-    assert all(not m.repaired_partitions for m in sink.metrics)
+    assert all(not m.repaired_partitions for m in sink.metrics())
     assert_exactly_once(kafka_bootstrap, out, values(900))
 
 
@@ -114,7 +114,7 @@ def test_late_speculative_copy_aborting_the_winner_is_repaired(
     sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out), faults)
     run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
 
-    by_batch = {m.batch_id: m for m in sink.metrics}
+    by_batch = {m.batch_id: m for m in sink.metrics()}
     assert by_batch[1].repaired_partitions == (0,)
     assert by_batch[0].repaired_partitions == () and by_batch[2].repaired_partitions == ()
     store = sink.decision_store
@@ -177,7 +177,7 @@ def test_replayed_batch_is_completed_not_written_again(
     df = spark.range(0, 500, numPartitions=3).selectExpr("CAST(id AS STRING) AS value")
     sink(df, 7)
     sink(df, 7)
-    first, second = sink.metrics
+    first, second = sink.metrics()
     assert not first.replayed and first.transactions_committed == 3 and first.records == 500
     assert second.replayed and second.transactions_prepared == 0 and second.records == 500
     assert_exactly_once(kafka_bootstrap, out, values(500))

@@ -81,7 +81,7 @@ def test_one_sink_serves_two_queries_one_after_the_other(
     id_b, batches_b = decided_batches(tmp_path / "chk-b")
     assert id_a != id_b
     assert batches_a == [0, 1, 2] and batches_b == [0, 1]  # B's checkpoint has its own decisions
-    assert [(m.batch_id, m.replayed) for m in sink.metrics] == [(0, False), (1, False), (2, False),
+    assert [(m.batch_id, m.replayed) for m in sink.metrics()] == [(0, False), (1, False), (2, False),
                                                                  (0, False), (1, False)]
     assert_exactly_once(kafka_bootstrap, out, values("a", 600) + values("b", 300))
 
@@ -99,8 +99,8 @@ def test_one_sink_serves_two_queries_at_the_same_time(
     id_a, batches_a = decided_batches(tmp_path / "chk-a")
     id_b, batches_b = decided_batches(tmp_path / "chk-b")
     assert id_a != id_b and batches_a == batches_b == [0, 1, 2, 3]
-    assert sorted(m.batch_id for m in sink.metrics) == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert not any(m.replayed for m in sink.metrics)
+    assert sorted(m.batch_id for m in sink.metrics()) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert not any(m.replayed for m in sink.metrics())
     assert_exactly_once(kafka_bootstrap, out, values("a", 800) + values("b", 400))
 
 

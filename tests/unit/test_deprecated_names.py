@@ -44,7 +44,7 @@ def covers(where: str, *olds: str) -> Callable[[_F], _F]:
 
 
 def warns(old: str, new: str) -> Any:
-    return pytest.warns(DeprecationWarning, match=rf"{re.escape(old)}.*deprecated.*kafka2pc 1\.1.*{re.escape(new)}")
+    return pytest.warns(DeprecationWarning, match=rf"{re.escape(old)}.*deprecated.*kafka2pc 2\.0.*{re.escape(new)}")
 
 
 @pytest.fixture
@@ -304,7 +304,8 @@ def _deprecated_members() -> set[str]:
     import inspect
 
     found = set()
-    for module_name in ("kafka2pc", "kafka2pc.aio", "kafka2pc.recipes.dual_write", "kafka2pc.recipes.dual_write.aio"):
+    for module_name in ("kafka2pc", "kafka2pc.aio", "kafka2pc.recipes.dual_write", "kafka2pc.recipes.dual_write.aio",
+                        "kafka2pc.recipes.spark"):
         module = importlib.import_module(module_name)
         for name in module.__all__:
             cls = getattr(module, name)
