@@ -67,22 +67,27 @@ def fetch_tools(version: str = TOOLS_VERSION) -> Path:
 def parse_table(text: str) -> list[dict[str, str]]:
     """The rows of a ``TransactionsCommand`` table (header line, then one line per row), keyed by header.
 
-    Columns are separated by whitespace (the tool pads them and joins with a
-    tab); no value the tool prints contains a space.  Lines before the header
+    The tool pads each cell with spaces and ends each with a tab, so cells are split on tabs, never on
+    spaces: a transactional id may contain spaces (Kafka allows any string). Lines before the header
     (none is expected) and blank lines are ignored.
     """
     lines = [line for line in text.splitlines() if line.strip()]
     header_at = next((i for i, line in enumerate(lines) if line.split() and line.split()[0] in _FIRST_HEADERS), None)
     if header_at is None:
         return []
-    headers = lines[header_at].split()
+    headers = _cells(lines[header_at])
     rows = []
     for line in lines[header_at + 1:]:
-        cells = line.split()
+        cells = _cells(line)
         if len(cells) != len(headers):
             raise TransactionsCommandError(f"TransactionsCommand printed a row of another shape: {line!r}")
         rows.append(dict(zip(headers, cells, strict=True)))
     return rows
+
+
+def _cells(line: str) -> list[str]:
+    cells = [cell.strip() for cell in line.split("\t")]
+    return cells[:-1] if len(cells) > 1 and cells[-1] == "" else cells
 
 
 _FIRST_HEADERS = frozenset({"TransactionalId", "CoordinatorId", "Topic", "ProducerId"})

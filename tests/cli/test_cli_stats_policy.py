@@ -292,6 +292,11 @@ def test_transactions_command_tables_are_parsed() -> None:
                                   "ProducerEpoch": "0", "CoordinatorEpoch": "-1", "StartOffset": "0",
                                   "LastTimestamp": "1795815097425", "Duration(min)": "60"}]
     assert parse_table("TransactionalId\tCoordinator\tProducerId\tTransactionState\t\n") == []
+    # A transactional id may hold spaces, quotes and tabs' neighbours: only the tab separates cells.
+    odd = "dw-1-o'brien'; DROP TABLE x; --\"é"
+    assert parse_table(f"TransactionalId\tCoordinator\tProducerId\tTransactionState\t\n"
+                       f"{odd}\t1          \t113       \tEmpty           \t\n") == [
+        {"TransactionalId": odd, "Coordinator": "1", "ProducerId": "113", "TransactionState": "Empty"}]
     assert parse_table("") == []
     with pytest.raises(TransactionsCommandError):
         parse_table("TransactionalId\tCoordinator\nonly-one-cell\n")

@@ -46,7 +46,8 @@ def django_database(db_url: str) -> dict[str, Any]:
 
 
 def ack_log(job: dict[str, Any]) -> AckLog:
-    return AckLog(job["results"] + ".acks")
+    """The log the harness names (``ack_log``), else one beside the results file."""
+    return AckLog(job.get("ack_log") or job["results"] + ".acks")
 
 
 def _configure(job: dict[str, Any], hook: Any) -> None:

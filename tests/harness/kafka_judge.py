@@ -4,13 +4,13 @@ A crash test that asks only kafka2pc whether kafka2pc left a transaction open ju
 asks Kafka's own command-line tool (``kafka-transactions.sh``'s main class, from
 ``org.apache.kafka:kafka-tools``), which shares no code with kafka2pc:
 
-- ``list --transactional-id-pattern``: the coordinators' state of every transactional id of the test; any
+- ``list`` (filtered to the test's ids): the coordinators' state of every transactional id of the test; any
   not in a finished state (``Empty``, ``CompleteCommit``, ``CompleteAbort``) is open;
 - ``find-hanging --broker-id <id> --max-transaction-timeout 0``: on each broker, the transactions open on a
   partition that their coordinator does not know as open (what pins a last stable offset for good).
 
-The jars are fetched once from Maven Central into ``~/.cache/kafka2pc/maven/tools-<version>/libs``
-(``kafka2pc.testing``'s Maven fetch). Each call starts two JVMs at once (about 1-2 s on a loaded
+The jars are fetched once from Maven Central into ``~/.cache/kafka2pc/maven/kafka-tools-<version>/libs``
+(:func:`kafka2pc.testing.kafka_tools.fetch_tools`). Each call starts two JVMs at once (about 1-2 s on a loaded
 2-core machine): call :func:`assert_nothing_open` once per test, at its end, not per cell.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka2pc.testing.broker import fetch_kafka_tools
+from kafka2pc.testing.kafka_tools import fetch_tools, parse_table
 
 #: The kafka-tools release: the newest on Maven Central (its TransactionsCommand talks to every broker line).
 TOOLS_VERSION = "4.4.0"
@@ -52,7 +52,7 @@ class Verdict:
 
 def tools_libs() -> Path:
     """The kafka-tools jars (fetched on first use)."""
-    return fetch_kafka_tools(TOOLS_VERSION)
+    return fetch_tools(TOOLS_VERSION)
 
 
 def _java() -> str:
@@ -66,12 +66,8 @@ def _command(bootstrap: str, *args: str) -> list[str]:
 
 
 def _table(output: str) -> list[dict[str, str]]:
-    """The rows of the tool's tab-separated table (its header names the columns)."""
-    lines = [line for line in output.splitlines() if "\t" in line]
-    if not lines:
-        return []
-    header = [cell.strip() for cell in lines[0].split("\t")]
-    return [dict(zip(header, (cell.strip() for cell in line.split("\t")))) for line in lines[1:]]
+    """The rows of the tool's table (its header names the columns; cells end with a tab)."""
+    return parse_table(output)
 
 
 def _broker_ids(bootstrap: str) -> list[int]:
@@ -93,7 +89,8 @@ def judge(
         raise ValueError("judge: name the transactional ids or their prefix")
     pattern = "|".join([re.escape(i) for i in ids] + ([re.escape(prefix) + ".*"] if prefix else []))
     env = {**os.environ, "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"}
-    runs = {"list": _command(bootstrap, "list", "--transactional-id-pattern", f"^({pattern})$")}
+    # Every id, filtered here: brokers before Kafka 3.8 (ListTransactions v1) refuse --transactional-id-pattern.
+    runs = {"list": _command(bootstrap, "list")}
     for broker in _broker_ids(bootstrap):
         runs[f"find-hanging {broker}"] = _command(bootstrap, "find-hanging", "--broker-id", str(broker),
                                                   "--max-transaction-timeout", "0")
@@ -110,7 +107,9 @@ def judge(
         if proc.returncode != 0:
             raise AssertionError(f"TransactionsCommand {name} exited {proc.returncode}:\n{out}\n{err[-3000:]}")
         outputs[name] = out
-    states = {row["TransactionalId"]: row["TransactionState"] for row in _table(outputs.pop("list"))}
+    wanted_id = re.compile(f"^({pattern})$")
+    states = {row["TransactionalId"]: row["TransactionState"] for row in _table(outputs.pop("list"))
+              if wanted_id.match(row["TransactionalId"])}
     wanted = set(topics) if topics is not None else None
     hanging = [row for out in outputs.values() for row in _table(out)
                if wanted is None or row.get("Topic") in wanted]

@@ -311,8 +311,7 @@ def _deprecated_members() -> set[str]:
             cls = getattr(module, name)
             if not inspect.isclass(cls):
                 continue
-            for member in vars(cls):
-                static = inspect.getattr_static(cls, member)
+            for member, static in vars(cls).items():
                 target = static.fget if isinstance(static, property) else static
                 if getattr(target, "__deprecated__", None) is not None:
                     found.add(f"{module_name}.{name}.{member}" + ("" if isinstance(static, property) else "()"))
