@@ -79,15 +79,16 @@ def _broker_ids(bootstrap: str) -> list[int]:
 
 
 def judge(
-    bootstrap: str, transactional_ids: Iterable[str] | None = None, *, prefix: str | None = None,
+    bootstrap: str, transactional_ids: Iterable[str] | None = None, *, prefix: str | Iterable[str] | None = None,
     topics: Iterable[str] | None = None,
 ) -> Verdict:
-    """Run the tool: the states of the given ids (or of every id starting with ``prefix``), and the hanging
+    """Run the tool: the states of the given ids (and of every id starting with ``prefix``, one or several), and the hanging
     transactions on every broker (on ``topics`` only, when given). Raises when the tool fails."""
     ids = sorted(set(transactional_ids or ()))
-    if not ids and not prefix:
+    prefixes = [prefix] if isinstance(prefix, str) else list(prefix or ())
+    if not ids and not prefixes:
         raise ValueError("judge: name the transactional ids or their prefix")
-    pattern = "|".join([re.escape(i) for i in ids] + ([re.escape(prefix) + ".*"] if prefix else []))
+    pattern = "|".join([re.escape(i) for i in ids] + [re.escape(p) + ".*" for p in prefixes])
     env = {**os.environ, "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"}
     # Every id, filtered here: brokers before Kafka 3.8 (ListTransactions v1) refuse --transactional-id-pattern.
     runs = {"list": _command(bootstrap, "list")}
@@ -117,7 +118,7 @@ def judge(
 
 
 def assert_nothing_open(
-    bootstrap: str, transactional_ids: Iterable[str] | None = None, *, prefix: str | None = None,
+    bootstrap: str, transactional_ids: Iterable[str] | None = None, *, prefix: str | Iterable[str] | None = None,
     topics: Iterable[str] | None = None,
 ) -> Verdict:
     """Kafka's tool finds none of the test's transactional ids open and no hanging transaction (see
