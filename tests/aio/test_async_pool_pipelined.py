@@ -11,12 +11,11 @@ import asyncio
 import uuid
 from pathlib import Path
 
+import aiosqlite  # noqa: F401  - the [aio] extra: missing, the module fails to import (never a skip)
 import pytest
 import sqlalchemy as sa
 
 from kafka2pc.testing import create_topic, drain
-
-pytest.importorskip("aiosqlite")
 
 
 def test_pipelined_async_pool_commits_every_transaction(kafka_bootstrap: str, tmp_path: Path) -> None:
