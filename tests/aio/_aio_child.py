@@ -15,9 +15,10 @@ Steps run in order; each prints one marker line (flushed) when done:
 ``stored:N``     prepare N records, store + commit the DB  -> ``STORED <state>``
 ``prepared:N``   prepare N records, do not store            -> ``PREPARED <state>``
 ``open:N``       produce and flush N records, no prepare    -> ``OPEN``
-``loop:N[:MS]``  full transactions of N records, forever    -> ``COMMITTED <state>`` each
-                 (waiting MS milliseconds between the database COMMIT and Kafka's,
-                 as a service doing other work there would: widens the window a
+``loop:N[:MS[:K]]``  full transactions of N records, forever (or K of them,
+                 then the next step) -> ``COMMITTED <state>`` each (waiting MS
+                 milliseconds between the database COMMIT and Kafka's, as a
+                 service doing other work there would: widens the window a
                  random kill lands in)
 
 Record values are ``<txn>-<i>``; ``txn`` continues after the highest one in
@@ -98,7 +99,8 @@ class Writer:
 
     async def step(self, step: str) -> None:
         kind, _, rest = step.partition(":")
-        count, _, pause = rest.partition(":")
+        count, _, rest = rest.partition(":")
+        pause, _, times = rest.partition(":")
         n = int(count or 0)
         if kind == "commit":
             say(f"COMMITTED {await self.full(n)}")
@@ -112,8 +114,10 @@ class Writer:
             await self.open(n)
             say("OPEN")
         elif kind == "loop":
-            while True:
+            remaining = int(times) if times else -1
+            while remaining != 0:
                 say(f"COMMITTED {await self.full(n, int(pause or 0))}")
+                remaining -= 1
         else:
             raise SystemExit(f"unknown step {step!r}")
 

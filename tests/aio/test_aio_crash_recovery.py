@@ -91,11 +91,17 @@ def test_kill_at_each_step_then_recover(
     assert s.acks.ids() == values(0, 2)  # the first transaction, acknowledged; the killed one not
 
 
-MIN_ROUNDS, MAX_ROUNDS = 12, 80
-"""Kills of the random test: at least ``MIN_ROUNDS``, more (up to ``MAX_ROUNDS``) until recovery decided both
-commit and abort at least once. A kill lands between the prepare and the database COMMIT (an abort) in only a
-few rounds of a hundred on a loaded machine: one CI run saw none in 30 rounds (24 commits, 6 nothings). A round
-takes about 1.4 s."""
+ROUNDS = 12
+"""Kills of the random test. A round's kill is one of :data:`KILLS`, in turn; a kill at a drawn moment lands
+between the prepare and the database COMMIT (an abort) in only a few rounds of a hundred, so the aimed kinds
+make both decisions certain and each one's decision exact. A round takes about 1.4 s."""
+
+KILLS = ("moment", "prepared", "moment", "stored")
+"""``moment``: after a drawn 0-0.6 s of a looping writer; ``prepared``: after a drawn number of full
+transactions, at a prepared transaction not yet stored (recovery must abort it); ``stored``: at one the
+database committed, before Kafka's commit (recovery must commit it)."""
+
+AIMED = {"prepared": (Decision.ABORT, "PREPARED"), "stored": (Decision.COMMIT, "STORED")}
 
 
 def _txns(values: list[str]) -> Counter[int]:
@@ -106,24 +112,34 @@ def _txns(values: list[str]) -> Counter[int]:
 def test_random_kills_of_a_looping_async_writer(
     kafka_bootstrap: str, scenario_factory: ScenarioFactory, seed: int
 ) -> None:
-    """kill -9 at random moments of continuous transactions; after each recovery DB and Kafka agree.
+    """kill -9 at random moments of continuous transactions, and at aimed steps after a drawn number of them;
+    after each recovery DB and Kafka agree.
 
     Exactly: the transactions visible after a round are the ones acknowledged (the child's fsynced log)
     plus at most the life's last one, which the database committed: visible iff recovery committed it, or
     its Kafka commit had returned when the kill came before the acknowledgement (decision "nothing").
+    An aimed kill's decision is the one its step requires.
     """
     s = scenario_factory(kafka_bootstrap, partitions=3)
     rng = random.Random(seed)
     decisions: Counter[str] = Counter()
     unacked_kept = 0
     visible_txns: set[int] = set()
-    rounds = 0
-    while rounds < MIN_ROUNDS or (min(decisions["commit"], decisions["abort"]) == 0 and rounds < MAX_ROUNDS):
+    for rounds in range(ROUNDS):
+        kill = KILLS[rounds % len(KILLS)]
         acked_before = set(_txns(s.acks.ids()))
-        child = s.spawn("loop:4:30")
-        child.expect("INIT")
-        child.expect("COMMITTED")  # at least one transaction per life
-        time.sleep(rng.uniform(0.0, 0.6))  # when the kill comes (drawn), not a wait for anything
+        if kill == "moment":
+            child = s.spawn("loop:4:30")
+            child.expect("INIT")
+            child.expect("COMMITTED")  # at least one transaction per life
+            time.sleep(rng.uniform(0.0, 0.6))  # when the kill comes (drawn), not a wait for anything
+        else:
+            full = rng.randint(1, 4)
+            child = s.spawn(f"loop:4:30:{full}", f"{kill}:4")
+            child.expect("INIT")
+            for _ in range(full):
+                child.expect("COMMITTED")
+            child.expect(AIMED[kill][1])
         child.kill()
         state = s.stored_state()
         if rounds % 2:
@@ -131,6 +147,8 @@ def test_random_kills_of_a_looping_async_writer(
         else:
             decided, _ = run(recover_with_producer(s, state))
         decisions[decided.value] += 1
+        if kill != "moment":
+            assert decided is AIMED[kill][0], (rounds, kill, decided)
         visible = s.assert_consistent()  # rows == records, every acknowledged value kept once, nothing open
         per_txn = _txns(visible)
         assert set(per_txn.values()) == {4}, per_txn  # whole transactions only
@@ -145,16 +163,15 @@ def test_random_kills_of_a_looping_async_writer(
             assert unacked <= {last}, (decided, sorted(new), sorted(unacked), last)
         unacked_kept += len(unacked)
         visible_txns = set(per_txn)
-        rounds += 1
     acked = len(set(_txns(s.acks.ids())))
-    print(f"\n{rounds} kills, recovery decisions: {dict(decisions)}, {len(visible_txns)} transactions visible "
+    print(f"\n{ROUNDS} kills, recovery decisions: {dict(decisions)}, {len(visible_txns)} transactions visible "
           f"({acked} acknowledged, {unacked_kept} kept by recovery or committed before their acknowledgement)")
-    assert decisions["commit"] >= 1 and decisions["abort"] >= 1, (
-        f"the kills landed on one side only in {rounds} rounds: {dict(decisions)}"
-    )
+    assert decisions["commit"] >= KILLS.count("stored") * ROUNDS // len(KILLS)
+    assert decisions["abort"] >= KILLS.count("prepared") * ROUNDS // len(KILLS)
+    assert sum(decisions.values()) == ROUNDS
     assert len(visible_txns) == acked + unacked_kept
     assert unacked_kept >= decisions["commit"]
-    assert acked >= rounds  # every life committed at least one transaction before its kill
+    assert acked >= ROUNDS  # every life committed at least one transaction before its kill
     assert_nothing_open(kafka_bootstrap, [s.transactional_id], topics=[s.topic])  # Kafka's own tool agrees
 
 
