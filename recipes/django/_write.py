@@ -14,15 +14,16 @@ callbacks.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from kafka2pc import PreparedTxnState, UsageError
+from kafka2pc import UsageError
 
 from ..dual_write import DualWriteTransaction, TransactionMisuseError
+from ..dual_write._async_handle import AsyncTransactionHandle
 from ._guard import StatementGuard
 from ._runtime import runtime_for
 
@@ -108,69 +109,27 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
         logger.debug("%s: the block asked for a rollback; both sides rolled back", alias)
 
 
-class AsyncDualWrite:
+class AsyncDualWrite(AsyncTransactionHandle):
     """The handle ``adual_write()`` yields: :class:`DualWriteTransaction`'s methods as coroutines.
 
     Each call runs in Django's thread-sensitive executor thread, the thread
     where the block's transaction (and Django's async ORM calls) run.
     """
 
-    def __init__(self, tx: DualWriteTransaction) -> None:
-        self._tx = tx
+    async def _call(self, call: Callable[[], None]) -> None:
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(call, thread_sensitive=True)()
 
     @property
     def sync(self) -> DualWriteTransaction:
         """The synchronous handle (for code already running in the block's thread)."""
-        return self._tx
-
-    @property
-    def transactional_id(self) -> str:
-        """The Kafka transactional id this transaction runs under."""
-        return self._tx.transactional_id
+        return self._handle
 
     @property
     def connection(self) -> Any:
         """The block's database connection, as a SQLAlchemy ``Connection`` (Django's own underneath)."""
-        return self._tx.connection
-
-    @property
-    def prepared_state(self) -> PreparedTxnState | None:
-        """The state stored in the database once the transaction is prepared."""
-        return self._tx.prepared_state
-
-    @property
-    def records_produced(self) -> int:
-        """How many records this transaction produced so far."""
-        return self._tx.records_produced
-
-    async def produce(
-        self,
-        topic: str,
-        value: str | bytes | None = None,
-        key: str | bytes | None = None,
-        partition: int | None = None,
-        on_delivery: Callable[[Any, Any], None] | None = None,
-        timestamp: int | None = None,
-        headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None = None,
-    ) -> None:
-        """:meth:`DualWriteTransaction.produce`, in the block's thread."""
-        await _in_block_thread(lambda: self._tx.produce(topic, value=value, key=key, partition=partition,
-                                                        on_delivery=on_delivery, timestamp=timestamp,
-                                                        headers=headers))
-
-    async def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
-        """:meth:`DualWriteTransaction.send_offsets_to_transaction`, in the block's thread."""
-        await _in_block_thread(lambda: self._tx.send_offsets_to_transaction(offsets, group_metadata))
-
-    async def send_consumer_offsets(self, consumer: Any) -> None:
-        """:meth:`DualWriteTransaction.send_consumer_offsets`, in the block's thread."""
-        await _in_block_thread(lambda: self._tx.send_consumer_offsets(consumer))
-
-
-async def _in_block_thread(call: Callable[[], None]) -> None:
-    from asgiref.sync import sync_to_async
-
-    await sync_to_async(call, thread_sensitive=True)()
+        return self._handle.connection
 
 
 @asynccontextmanager

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -16,6 +16,7 @@ from kafka2pc import IllegalStateError, PreparedTxnState, UsageError
 from kafka2pc._deprecation import deprecated_property, seconds_from_ms
 from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 
+from .._async_handle import AsyncTransactionHandle
 from .._handle import DualWriteTransaction
 from .._lifecycle import WriterState
 from .._schema import create_state_table
@@ -58,7 +59,7 @@ class _LoopWriter(DualWriter):
         return self._off_loop.run(call)
 
 
-class AsyncDualWriteTransaction:
+class AsyncDualWriteTransaction(AsyncTransactionHandle):
     """The handle :meth:`AsyncDualWriter.transaction` yields: produce records, add consumer offsets.
 
     Rows are written with the ``AsyncSession`` or ``AsyncConnection`` the
@@ -66,58 +67,13 @@ class AsyncDualWriteTransaction:
     produced here.
     """
 
-    def __init__(self, handle: DualWriteTransaction) -> None:
-        self._handle = handle
+    async def _call(self, call: Callable[[], None]) -> None:
+        await in_greenlet(call)
 
     @property
     def connection(self) -> AsyncConnection:
         """The database connection of this transaction (the ``AsyncConnection`` over the sync one)."""
         return AsyncConnection._retrieve_proxy_for_target(self._handle.connection)
-
-    @property
-    def transactional_id(self) -> str:
-        """The Kafka transactional id this transaction runs under."""
-        return self._handle.transactional_id
-
-    @property
-    def prepared_state(self) -> PreparedTxnState | None:
-        """The state stored in the database once the transaction is prepared."""
-        return self._handle.prepared_state
-
-    @property
-    def records_produced(self) -> int:
-        """How many records this transaction produced so far."""
-        return self._handle.records_produced
-
-    async def produce(
-        self,
-        topic: str,
-        value: str | bytes | None = None,
-        key: str | bytes | None = None,
-        partition: int | None = None,
-        on_delivery: Callable[[Any, Any], None] | None = None,
-        timestamp: int | None = None,
-        headers: Mapping[str, str | bytes | None] | Sequence[tuple[str, str | bytes | None]] | None = None,
-    ) -> None:
-        """Produce one record in the transaction (arguments as :meth:`DualWriteTransaction.produce`).
-
-        Returns once librdkafka has the record (an enqueue; the prepare
-        waits for its delivery).  ``on_delivery(error, message)`` runs on the
-        loop; ``error`` is the kafka2pc error of a failed delivery.  A full
-        local queue is waited out, without blocking the loop, for up to the
-        writer's ``queue_full_timeout_s``; the first record of a topic this
-        writer has not seen yet waits for one metadata request (off the loop).
-        """
-        await in_greenlet(self._handle.produce, topic, value, key, partition=partition, headers=headers,
-                          timestamp=timestamp, on_delivery=on_delivery)
-
-    async def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
-        """Commit consumer offsets with this transaction (exactly-once consume-transform-produce)."""
-        await in_greenlet(self._handle.send_offsets_to_transaction, offsets, group_metadata)
-
-    async def send_consumer_offsets(self, consumer: Any) -> None:
-        """Commit the current positions of ``consumer``'s assignment (a ``confluent_kafka.Consumer``)."""
-        await in_greenlet(self._handle.send_consumer_offsets, consumer)
 
 
 class AsyncDualWriter:
