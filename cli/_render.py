@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JSON_VERSION",
+    "STATS_JSON_VERSION",
     "dump_json",
     "format_duration",
     "info_open_ms",
@@ -37,6 +38,9 @@ __all__ = [
 ]
 
 JSON_VERSION = 1
+STATS_JSON_VERSION = 2
+"""``stats``' document: version 2 since a hanging partition's ``holding_transactional_id`` is ``null`` (a string in
+version 1; docs/cli.md's contract increments ``version`` when a field is retyped)."""
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")

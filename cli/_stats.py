@@ -28,7 +28,15 @@ import click
 
 from ._group import cli
 from ._options import Duration, connection_options, current_settings, open_admin, output_option, parse_listen_address
-from ._render import JSON_VERSION, dump_json, format_duration, info_open_ms, render_table, repeat
+from ._render import (
+    JSON_VERSION,
+    STATS_JSON_VERSION,
+    dump_json,
+    format_duration,
+    info_open_ms,
+    render_table,
+    repeat,
+)
 
 if TYPE_CHECKING:
     from kafka2pc import TransactionAdmin, TransactionInfo
@@ -180,7 +188,7 @@ def collect_stats(admin: TransactionAdmin, *, now_ms: int | None = None) -> dict
         prefixes[prefix]["held_back_partitions"] = len(keys)
 
     return {
-        "version": JSON_VERSION,
+        "version": STATS_JSON_VERSION,
         "time_ms": now,
         "coordinators": [
             {**c, "states": dict(sorted(c["states"].items()))} for _, c in sorted(coordinators.items())

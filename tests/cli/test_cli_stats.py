@@ -260,7 +260,7 @@ def test_stats_tells_every_figure_exactly(situations: Situations) -> None:
     watched = s.cli("stats", "--watch", "0.2", "--count", "2", "-o", "json")
     assert watched.returncode == 0, watched
     lines = watched.stdout.strip().splitlines()
-    assert len(lines) == 2 and all(line.startswith('{"version": 1') for line in lines), watched
+    assert len(lines) == 2 and all(line.startswith('{"version": 2') for line in lines), watched
 
 
 def _producer_id(s: Situations, tid: str) -> int:
