@@ -185,8 +185,13 @@ def test_a_task_cancelled_while_waiting_for_a_slot_leaves_nothing_held(
                 await asyncio.sleep(0.01)
             waiting = asyncio.ensure_future(_write(pool, engine, topic, f"{prefix}:cancelled"))
             # Cancelled once it waits for the only slot (the pool's condition, answered by the loop).
-            await asyncio.wait_for(waits_entered.wait(), 10)
-            assert not waiting.done() and pool.metrics().slots_busy == 1
+            entered = asyncio.ensure_future(waits_entered.wait())
+            await asyncio.wait({entered, waiting}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            if waiting.done():
+                entered.cancel()
+                raise AssertionError(f"the task did not wait for the busy slot: {waiting.exception()!r}")
+            assert entered.done(), "the task did not start waiting for the slot within 10 s"
+            assert pool.metrics().slots_busy == 1
             waiting.cancel()
             release.set()
             await first
