@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from harness.acks import AckLog, assert_acknowledged, check_acknowledged
 
 
