@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -28,8 +29,15 @@ PREVIOUS_KAFKA_VERSION = os.environ.get("KAFKA_PREVIOUS_VERSION", "4.3.1")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Draw the run's seed before pytest-xdist starts its workers: they inherit it through the environment."""
+    """Draw the run's seed before pytest-xdist starts its workers: they inherit it through the environment.
+
+    A run started in the background of a non-interactive shell (``cmd &``) inherits SIGINT ignored, and so
+    would every process a test starts: the CLI's ``--watch`` commands, which a test stops with SIGINT (the
+    operator's Ctrl-C), would not stop. The run takes SIGINT back; its children start with the default.
+    """
     run_seed()
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
