@@ -239,21 +239,28 @@ def test_four_instances_with_random_kill_9(pg_url: str, kafka_bootstrap: str, tm
     kills = 0
     began = time.monotonic()
     live = list(cluster.procs)
-    victim, killed_at = "", began
     while time.monotonic() - began < CHAOS_S:
         time.sleep(rng.uniform(1.0, 3.0))  # the schedule of the kills, not a wait for anything
         victim = rng.choice(live)
         cluster.kill(victim)
-        killed_at = time.monotonic()
         kills += 1
         live.remove(victim)
         live.append(cluster.start())
-    # The survivors settle what the last victim left (the ids it still holds; none if it died starting).
-    last_owner = next((e["owner"] for e in cluster.lines() if e.get("worker") == victim and "owner" in e), None)
-    last_settled: float | None = 0.0
-    if last_owner is not None:
-        last_settled = _wait_settled(cluster, engine, prefix, last_owner, _held_by(engine, prefix, last_owner),
-                                     killed_at)
+    # The last kill is aimed at an instance holding ids (a random victim may hold none: it died starting,
+    # or the others held every id), and the survivors must settle each of them within the bound.
+    deadline = time.monotonic() + 60
+    while not (holders := sorted(name for name in live if _held_by(engine, prefix, cluster.owner(name)))):
+        assert time.monotonic() < deadline, "no live instance held an id in 60 s"
+        time.sleep(0.1)
+    victim = rng.choice(holders)
+    last_owner = cluster.owner(victim)
+    cluster.kill(victim)
+    killed_at = time.monotonic()
+    kills += 1
+    live.remove(victim)
+    held = _held_by(engine, prefix, last_owner)
+    assert held, f"{victim} held no id when it was killed"
+    last_settled = _wait_settled(cluster, engine, prefix, last_owner, held, killed_at)
     longest = watcher.stop()
     assert last_settled is not None, "the last victim's ids were not settled within 30 s"
     assert last_settled <= OPEN_BOUND_S, f"the last victim's ids were settled {last_settled:.1f} s after its kill"
