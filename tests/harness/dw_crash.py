@@ -189,6 +189,10 @@ def step_hook(job: dict[str, Any], phase: dict[str, Any]) -> Callable[[Any], Non
             # the COMMIT (log-uniform), so that both outcomes occur on fast and slow databases.
             # ``race_delay`` narrows the range (decimal exponents of seconds) toward one side.
             phase["racing"] = True
+            # The killer thread needs the GIL, which this thread keeps for up to the switch interval (5 ms)
+            # while a pure-Python driver (PyMySQL) builds and sends the COMMIT: without a short interval
+            # the kill never lands before the COMMIT leaves (MariaDB committed 60 of 60 in one CI run).
+            sys.setswitchinterval(1e-6)
             low, high = job.get("race_delay", RACE_DELAY)
             threading.Timer(10 ** rng.uniform(low, high), kill_self).start()
             return
