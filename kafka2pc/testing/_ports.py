@@ -38,15 +38,25 @@ def worker_port_base(base: int, worker: int) -> int:
 
     Worker 0 keeps ``base``; worker ``n`` takes ``base + 4000 * n`` (the block right after ``base`` stays free
     for a second run beside this one, as CI's), or ``base - 4000 * n`` when that would reach the ephemeral range.
+    Workers past those (pytest-xdist names a worker that replaces a crashed one ``gw<next>``) take the blocks
+    ``base - 4000 * k`` the first ones left unused, nearest first.
     """
     if worker < 0:
         raise BrokerError(f"a worker index is 0 or more, not {worker}")
-    if worker == 0:
-        return base
-    for candidate in (base + 4000 * worker, base - 4000 * worker):
-        if 1024 <= candidate <= 32768 - 2000:
-            return candidate
-    raise BrokerError(f"no room for the port block of worker {worker} beside KAFKA2PC_PORT_BASE={base}")
+
+    def fits(first: int) -> bool:
+        return 1024 <= first <= 32768 - 2000
+
+    blocks = [base]
+    n = 1
+    while fits(base + 4000 * n) or fits(base - 4000 * n):
+        blocks.append(base + 4000 * n if fits(base + 4000 * n) else base - 4000 * n)
+        n += 1
+    blocks += [first for k in range(1, n) if fits(first := base - 4000 * k) and first not in blocks]
+    if worker < len(blocks):
+        return blocks[worker]
+    raise BrokerError(f"no room for the port block of worker {worker} beside KAFKA2PC_PORT_BASE={base} "
+                      f"({len(blocks)} blocks of 2000 ports fit below 32768, 4000 apart)")
 
 
 def _answers_kafka(port: int, timeout: float = 1.0) -> bool:

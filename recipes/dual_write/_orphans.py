@@ -10,7 +10,6 @@ lease back.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -176,4 +175,4 @@ class OrphanSettling(SlotKeeping):
                 self.settle_orphans()
             except Exception as exc:  # noqa: BLE001 - retried at the next scan
                 logger.warning("pool %r: the orphan scan failed: %s", self._prefix, exc)
-            wait = self._scan_every_s * random.uniform(0.8, 1.2)
+            wait = self._scan_every_s * self._random.uniform(0.8, 1.2)

@@ -102,13 +102,16 @@ class WriterPool(OrphanSettling):
     :class:`DualWriter` on a leased id, with its own producer), up to
     ``max_slots``; slots are kept and reused.  A lease lasts ``lease_s``
     seconds and is renewed every ``lease_s / 3``.  Every ``scan_every_s``
-    (default ``lease_s / 3``) the pool looks for leases that expired (their
-    owner died or was cut off) and settles them, ``settle_parallelism`` at a
-    time: claim the lease (its fencing epoch goes up), then the writer's
-    recovery (claim the state row, fence the old producer, commit or abort
-    the transaction it left, per the state the database stored).  So a
-    killed instance holds back ``read_committed`` consumers for at most about
-    ``lease_s + scan_every_s`` plus the recovery.
+    (default ``lease_s / 3``; each wait is drawn between 0.8 and 1.2 times
+    it) the pool looks for leases that expired (their owner died or was cut
+    off) and settles them, ``settle_parallelism`` at a time: claim the lease
+    (its fencing epoch goes up), then the writer's recovery (claim the state
+    row, fence the old producer, commit or abort the transaction it left,
+    per the state the database stored).  So a killed instance holds back
+    ``read_committed`` consumers for at most about ``lease_s + 1.2 *
+    scan_every_s`` plus the recovery.  The pool's shuffles and jitter come
+    from a generator of its own: an application that seeds the module
+    ``random`` keeps its stream.
 
     ``pipelined=True`` completes each Kafka commit in the background once
     the database COMMIT is durable (see :meth:`transaction`).
@@ -198,6 +201,7 @@ class WriterPool(OrphanSettling):
         self._acquiring = 0
         self._counters = _Counters()
         self._renewed_at = time.monotonic()
+        self._random = random.Random()  # seeded from os.urandom
         self._stop = self._new_event()
         self._threads: list[threading.Thread] = []
         self._started = False
@@ -396,7 +400,7 @@ class WriterPool(OrphanSettling):
         leases = self._book.candidates(limit=100_000, expired_only=True)
         if not leases or self._closed:
             return []
-        random.shuffle(leases)  # instances scanning at once start on different ids
+        self._random.shuffle(leases)  # instances scanning at once start on different ids
         admins = self._new_admins()
         try:
             found = self._settle_each(leases, admins)

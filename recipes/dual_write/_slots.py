@@ -86,6 +86,8 @@ class SlotKeeping:
     _renewed_at: float
     _stop: threading.Event
     _closed: bool
+    _random: random.Random
+    """This pool's own source of shuffles and jitter: the application's ``random`` stream is not drawn from."""
 
     _step_observers: list[Callable[[Any, Step], None]]
     """Shared with every writer of the pool (kafka2pc.otel observes the pool's steps through it)."""
@@ -153,7 +155,7 @@ class SlotKeeping:
     def _acquire(self, ready_by: float | None = None) -> _Slot | None:
         """Lease a free (or expired) id and recover it (by ``ready_by``); ``None`` if every id is leased."""
         candidates = self._book.candidates(limit=16)
-        random.shuffle(candidates)
+        self._random.shuffle(candidates)
         candidates.sort(key=lambda lease: lease.owner is not None)  # free ids first, in random order
         for lease in candidates:
             claimed = self._book.claim(lease)

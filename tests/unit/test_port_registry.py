@@ -6,7 +6,6 @@ import itertools
 import re
 from pathlib import Path
 
-import pytest
 from harness.ports import BROKER_PORTS, OTHER_RANGES, PRIVATE_BROKERS
 
 from kafka2pc.testing._settings import CI_KAFKA_VERSIONS
@@ -43,8 +42,24 @@ def test_parallel_workers_get_disjoint_blocks_that_leave_the_next_block_free() -
         taken = [(first, first + 2000) for first in [*blocks, base + 2000]]
         assert all(a1 <= b0 or b1 <= a0 for (a0, a1), (b0, b1) in itertools.combinations(taken, 2)), (base, blocks)
         assert all(1024 <= first <= 32768 - 2000 for first in blocks), (base, blocks)
-    with pytest.raises(BrokerError, match="worker 5"):
-        worker_port_base(20000, 5)
+
+
+def test_workers_that_replace_crashed_ones_get_the_blocks_left_free() -> None:
+    """pytest-xdist names a worker that replaces a crashed one ``gw<next>``: it gets a block of its own until none
+    is left, then a typed error that says so."""
+    for base in (1024, 20000, 22000, 28768):
+        blocks: list[int] = []
+        for n in itertools.count():
+            try:
+                blocks.append(worker_port_base(base, n))
+            except BrokerError as exc:
+                assert f"worker {n}" in str(exc) and str(base) in str(exc)
+                break
+        taken = [(first, first + 2000) for first in [*blocks, base + 2000]]
+        assert all(a1 <= b0 or b1 <= a0 for (a0, a1), (b0, b1) in itertools.combinations(taken, 2)), (base, blocks)
+        assert all(1024 <= first <= 32768 - 2000 for first in blocks), (base, blocks)
+        assert len(blocks) >= 7, (base, blocks)  # three workers and four replacements at least
+    assert [worker_port_base(20000, n) for n in range(7)] == [20000, 24000, 28000, 8000, 4000, 16000, 12000]
 
 
 def test_every_user_is_a_test_module_of_the_suite() -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -152,6 +154,48 @@ def test_pool_exhausted_is_a_typed_error_in_bounded_time(pg_url: str, kafka_boot
     engine.dispose()
 
 
+def test_the_pool_draws_nothing_from_the_applications_random(
+    pg_url: str, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An application that seeds ``random`` to replay its own runs keeps its stream: the pool's shuffles (taking a
+    slot, settling orphans) and its scan jitter draw from a generator of the pool's own."""
+    callers: list[str] = []
+    for name in ("random", "shuffle", "uniform", "choice", "choices", "sample", "randint", "randrange", "getrandbits"):
+        def spy(*args: object, _original: object = getattr(random, name), **kwargs: object) -> object:
+            callers.append(sys._getframe(1).f_globals.get("__name__", "?"))
+            return _original(*args, **kwargs)  # type: ignore[operator]
+        monkeypatch.setattr(random, name, spy)
+    random.shuffle([1, 2])
+    assert callers == [__name__], callers  # the spies see a draw
+    engine = _engine(pg_url)
+    topic = create_topic(kafka_bootstrap)
+    prefix = _prefix("rng")
+    config = {"bootstrap.servers": kafka_bootstrap}
+    first = WriterPool(engine, config, prefix=prefix, size=2, lease_s=5)
+    _write(first, engine, topic, f"{prefix}:a")  # takes a slot
+    (orphan,) = first.held_ids
+    first.close()
+    table = first.lease_table
+    with engine.begin() as conn:  # the id's owner died: its lease is expired
+        conn.execute(sa.update(table).where(table.c.transactional_id == orphan)
+                     .values(owner="dead", expires_at=_utcnow() - timedelta(minutes=1)))
+    second = WriterPool(engine, config, prefix=prefix, size=2, lease_s=5, scan_every_s=0.2)
+    try:
+        deadline = time.monotonic() + 30
+        while orphan not in second.held_ids and time.monotonic() < deadline:  # settled by the orphan scan
+            time.sleep(0.05)
+        assert orphan in second.held_ids, second.leases()
+        time.sleep(0.5)  # a few more scans, each with its jitter
+        _write(second, engine, topic, f"{prefix}:b")
+    finally:
+        second.close()
+    ours = sorted({c for c in callers if c.startswith(("kafka2pc.recipes", "recipes"))})
+    assert not ours, f"drawn from the global random by {ours}"
+    rows, records, problems = check_consistency(engine, kafka_bootstrap, topic, prefix)
+    assert not problems and rows == records == 2
+    engine.dispose()
+
+
 def _orphan(engine_url: str, bootstrap: str, topic: str, prefix: str, step: str, tmp_path: Path,
             lease_s: float = 1.5, size: int = 1) -> dict[str, object]:
     """A worker process that leases an id and is SIGKILLed at ``step`` of its 2nd transaction."""
@@ -219,8 +263,6 @@ def test_two_instances_race_for_one_expired_lease(
 
 
 def _utcnow():  # type: ignore[no-untyped-def]
-    from datetime import datetime, timezone
-
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
