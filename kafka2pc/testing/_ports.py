@@ -43,16 +43,9 @@ def worker_port_base(base: int, worker: int) -> int:
     """
     if worker < 0:
         raise BrokerError(f"a worker index is 0 or more, not {worker}")
-
-    def fits(first: int) -> bool:
-        return 1024 <= first <= 32768 - 2000
-
-    blocks = [base]
-    n = 1
-    while fits(base + 4000 * n) or fits(base - 4000 * n):
-        blocks.append(base + 4000 * n if fits(base + 4000 * n) else base - 4000 * n)
-        n += 1
-    blocks += [first for k in range(1, n) if fits(first := base - 4000 * k) and first not in blocks]
+    ups = [first for k in range(1, 9) if 1024 <= (first := base + 4000 * k) <= 32768 - 2000]
+    downs = [first for k in range(1, 9) if 1024 <= (first := base - 4000 * k) <= 32768 - 2000]
+    blocks = [base, *ups, *downs[len(ups):], *downs[:len(ups)]]
     if worker < len(blocks):
         return blocks[worker]
     raise BrokerError(f"no room for the port block of worker {worker} beside KAFKA2PC_PORT_BASE={base} "

@@ -33,15 +33,20 @@ def test_every_range_lies_inside_the_block() -> None:
     assert all(0 <= first < end <= 2000 for first, end in _ranges().values()), _ranges()
 
 
+def _assert_disjoint_below_32768(base: int, blocks: list[int]) -> None:
+    """No two blocks overlap, none is the block right after ``base`` (CI's second run, the PySpark 3.5 line, takes
+    it), all stay inside 1024-32767."""
+    taken = [(first, first + 2000) for first in [*blocks, base + 2000]]
+    assert all(a1 <= b0 or b1 <= a0 for (a0, a1), (b0, b1) in itertools.combinations(taken, 2)), (base, blocks)
+    assert all(1024 <= first <= 32768 - 2000 for first in blocks), (base, blocks)
+
+
 def test_parallel_workers_get_disjoint_blocks_that_leave_the_next_block_free() -> None:
-    """pytest-xdist's workers (scripts/test.sh) each run their own brokers: no two blocks overlap, none is the
-    block right after the run's (CI's second run, the PySpark 3.5 line, takes it), all stay below 32768."""
+    """pytest-xdist's workers (scripts/test.sh) each run their own brokers in a block of their own."""
     for base in (1024, 20000, 26000, 28768):
         blocks = [worker_port_base(base, n) for n in range(3)]
         assert blocks[0] == base
-        taken = [(first, first + 2000) for first in [*blocks, base + 2000]]
-        assert all(a1 <= b0 or b1 <= a0 for (a0, a1), (b0, b1) in itertools.combinations(taken, 2)), (base, blocks)
-        assert all(1024 <= first <= 32768 - 2000 for first in blocks), (base, blocks)
+        _assert_disjoint_below_32768(base, blocks)
 
 
 def test_workers_that_replace_crashed_ones_get_the_blocks_left_free() -> None:
@@ -55,9 +60,7 @@ def test_workers_that_replace_crashed_ones_get_the_blocks_left_free() -> None:
             except BrokerError as exc:
                 assert f"worker {n}" in str(exc) and str(base) in str(exc)
                 break
-        taken = [(first, first + 2000) for first in [*blocks, base + 2000]]
-        assert all(a1 <= b0 or b1 <= a0 for (a0, a1), (b0, b1) in itertools.combinations(taken, 2)), (base, blocks)
-        assert all(1024 <= first <= 32768 - 2000 for first in blocks), (base, blocks)
+        _assert_disjoint_below_32768(base, blocks)
         assert len(blocks) >= 7, (base, blocks)  # three workers and four replacements at least
     assert [worker_port_base(20000, n) for n in range(7)] == [20000, 24000, 28000, 8000, 4000, 16000, 12000]
 
