@@ -161,6 +161,20 @@ class IllegalStateError(UsageError):
     """The call is not allowed in the producer's current transaction state."""
 
 
+class ForkedProcessError(UsageError):
+    """The object was made in another process: it was inherited through ``fork()``.
+
+    confluent-kafka's producers, SQLAlchemy's pooled connections and background threads do not
+    survive a fork. An object that cannot be remade in the child raises this at its first use
+    there, at once, and sends nothing; make it after the fork instead (gunicorn's ``post_fork``,
+    Celery's ``worker_process_init``, uWSGI's ``postfork``). ``pid`` is the process that made it.
+    """
+
+    def __init__(self, message: str, *, pid: int) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
 class InvalidPreparedStateError(UsageError, ValueError):
     """A ``PreparedTxnState`` string is malformed."""
 

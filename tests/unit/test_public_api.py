@@ -21,6 +21,7 @@ EXPECTED = [
     "DEFAULT_TIMEOUT_S",
     "Decision",
     "FatalError",
+    "ForkedProcessError",
     "HeuristicOutcomeError",
     "IllegalStateError",
     "IndefiniteOutcomeError",
