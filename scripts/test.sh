@@ -34,6 +34,12 @@ if [ -z "${KAFKA2PC_MARIADB_URL:-}" ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "test.sh: MariaDB did not start" >&2; exit 1; }
 fi
 export KAFKA2PC_MARIADB_URL
+if ! command -v redis-server >/dev/null 2>&1; then  # Celery's broker in tests/recipes/pool/test_celery_prefork.py
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  echo "test.sh: installing redis-server (apt)" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+fi
 if [ -z "${KAFKA2PC_SEED:-}" ]; then
   KAFKA2PC_SEED=$(( (RANDOM << 15 | RANDOM) ))
 fi

@@ -46,6 +46,7 @@ OTHER_RANGES: dict[str, tuple[int, int]] = {
     "recipes/aio/test_async_dual_write_http servers": (1850, 1852),
     "recipes/test_writer_outage database proxy": (1860, 1861),
     "django/test_django_orders_http gunicorn": (1862, 1863),
+    "recipes/pool/test_celery_prefork redis": (1870, 1871),
     "ports nothing listens on (closed_port)": (1900, 2000),
 }
 
