@@ -35,6 +35,8 @@ import uuid
 from datetime import datetime, timezone
 
 import sqlalchemy as sa
+from _results import record_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
+from bench_aio_dual_write import PAYLOAD, _bootstrap  # noqa: E402
 from confluent_kafka.aio import AIOProducer
 from kafka2pc.recipes.dual_write import WriterPool, define_lease_table, define_state_table
 from kafka2pc.recipes.dual_write.aio import AsyncWriterPool
@@ -43,9 +45,6 @@ from sqlalchemy.orm import Session
 
 from kafka2pc.testing import create_topic
 from kafka2pc.testing.postgres import fresh_database
-
-from _results import record_section  # noqa: E402 - benchmarks/ is on sys.path when run as a script
-from bench_aio_dual_write import PAYLOAD, _bootstrap  # noqa: E402
 
 HEADING = "asyncio pipelined pool"
 VARIANTS = ("async non-atomic", "async pipelined", "sync pipelined")
