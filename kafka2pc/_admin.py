@@ -156,7 +156,7 @@ class TransactionAdmin:
         """
         if timeout is not None and timeout < 0:
             raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
-        if self._fork_guard.forked():
+        if self._fork_guard.forked:
             if self._owns_ctrl:
                 abandon(self._ctrl)
             return

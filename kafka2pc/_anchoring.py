@@ -70,11 +70,6 @@ class Anchoring:
         self._marker_queued = False
         self._delivery_error: KafkaError | None = None
 
-    @property
-    def errors_only(self) -> bool:
-        """Whether only failed deliveries are reported (``kafka2pc.delivery.reports=errors``)."""
-        return self._errors_only
-
     def reset(self) -> None:
         """Forget the last transaction's anchor (``begin_transaction``)."""
         self._anchor = None

@@ -10,27 +10,27 @@ parent's.  So every object that holds such parts takes a :class:`ForkGuard`
 when it is made and checks it at each public entry: in a forked child the
 check raises :class:`~kafka2pc.ForkedProcessError` before anything is sent.
 
-The check costs one comparison of two integers: ``os.register_at_fork``
-counts the forks this process has been through (:data:`_forks`, bumped in
-every child), and a guard remembers the count it was made at.  A guard also
-keeps the process id of its maker, for the message.
+The check costs one attribute read: every guard registers in a weak set,
+and ``os.register_at_fork`` marks each one ``forked`` in the child, right
+after the fork (never in the parent).  A guard also keeps the process id of
+its maker, for the message.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 
 from kafka2pc._exceptions import ForkedProcessError
 
-__all__ = ["ForkGuard"]
+__all__ = ["ForkGuard", "abandon"]
 
-_forks = 0
-"""How many ``fork()`` calls made this process (bumped in every child, never in the parent)."""
+_guards: weakref.WeakSet[ForkGuard] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    global _forks
-    _forks += 1
+    for guard in list(_guards):
+        guard.forked = True
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -39,32 +39,34 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 class ForkGuard:
     """Remembers the process that made an object; :meth:`check` raises in any other one (a forked child)."""
 
-    __slots__ = ("_forks", "_pid", "_what")
+    __slots__ = ("__weakref__", "_pid", "_what", "forked")
 
     def __init__(self, what: str) -> None:
         self._what = what
         self._pid = os.getpid()
-        self._forks = _forks
+        self.forked = False
+        """Whether this process is a child forked after the object was made (set by the fork hook only)."""
+        _guards.add(self)
 
     @property
     def pid(self) -> int:
         """The process id of the process that made the object."""
         return self._pid
 
-    def forked(self) -> bool:
-        """Whether this process is not the one that made the object (a child forked after it was made)."""
-        return self._forks != _forks
-
     def check(self) -> None:
-        """Raise :class:`~kafka2pc.ForkedProcessError` if :meth:`forked`; return at once otherwise."""
-        if self._forks != _forks:
-            raise ForkedProcessError(
-                f"{self._what} was made in process {self._pid} and is used in process {os.getpid()}, a child "
-                f"forked after it was made: its connections and threads did not survive the fork, and a new "
-                f"instance would fence the parent's. Nothing was sent. Create it after the fork, in the process "
-                f"that uses it (gunicorn's post_fork hook, Celery's worker_process_init signal, uWSGI's postfork)",
-                pid=self._pid,
-            )
+        """Raise :meth:`error` if :attr:`forked`; return at once otherwise."""
+        if self.forked:
+            raise self.error()
+
+    def error(self) -> ForkedProcessError:
+        """The :class:`~kafka2pc.ForkedProcessError` a call in a forked child raises."""
+        return ForkedProcessError(
+            f"{self._what} was made in process {self._pid} and is used in process {os.getpid()}, a child "
+            f"forked after it was made: its connections and threads did not survive the fork, and a new "
+            f"instance would fence the parent's. Nothing was sent. Create it after the fork, in the process "
+            f"that uses it (gunicorn's post_fork hook, Celery's worker_process_init signal, uWSGI's postfork)",
+            pid=self._pid,
+        )
 
 
 _abandoned: list[object] = []

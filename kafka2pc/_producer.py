@@ -122,6 +122,8 @@ class TwoPhaseCommitProducer:
         self._fork_guard = ForkGuard(f"TwoPhaseCommitProducer({settings.transactional_id!r})")
         self._transactional_id = settings.transactional_id
         self._two_pc_requested = settings.two_pc_requested
+        self._errors_only = settings.errors_only
+        """``kafka2pc.delivery.reports=errors``: ``produce`` tells the anchoring where the transaction wrote."""
         self._ctrl = control_plane or ControlPlane(settings.librdkafka)
         self._owns_ctrl = control_plane is None
         self._machine = StateMachine()
@@ -242,14 +244,15 @@ class TwoPhaseCommitProducer:
             renamed("TwoPhaseCommitProducer.produce(callback=...)", "on_delivery=")
             if on_delivery is None:
                 on_delivery = callback
-        self._fork_guard.check()
+        if self._fork_guard.forked:  # one attribute read on the per-record path
+            raise self._fork_guard.error()
         self._machine.check("produce")
         producer = self._calls.require()
         if partition == -1 or timestamp == 0:
             renamed("produce(partition=-1, timestamp=0)", "partition=None, timestamp=None (the defaults)")
             partition = None if partition == -1 else partition
             timestamp = None if timestamp == 0 else timestamp
-        if self._anchoring.errors_only:
+        if self._errors_only:
             self._anchoring.note_written(topic, partition)
         try:
             if on_delivery is None and partition is None and timestamp is None and headers is None:
@@ -300,7 +303,7 @@ class TwoPhaseCommitProducer:
         if keys is not None and len(keys) != len(values):
             raise UsageError(f"produce_batch: {len(values)} values but {len(keys)} keys")
         producer = self._calls.require()
-        if self._anchoring.errors_only and values:
+        if self._errors_only and values:
             self._anchoring.note_written(topic, partition)
         deadline = deadline_after(timeout)
         # One librdkafka produce call per record, in the tightest loop Python
@@ -539,7 +542,7 @@ class TwoPhaseCommitProducer:
         flushed, closed or destroyed: their threads live in the parent, which
         keeps using them); they go away when the child exits.
         """
-        if self._fork_guard.forked():
+        if self._fork_guard.forked:
             abandon(self._calls.release(), self._ctrl if self._owns_ctrl else None)
             if self._machine.state is not TxnState.CLOSED:
                 self._machine.transition_to(TxnState.CLOSED)

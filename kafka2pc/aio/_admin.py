@@ -327,7 +327,7 @@ class AsyncTransactionAdmin:
         """
         if self._closed:
             return
-        if self._fork_guard.forked():
+        if self._fork_guard.forked:
             self._closed = True
             self._sync.close(timeout)  # in the child: closes nothing, returns at once
             return

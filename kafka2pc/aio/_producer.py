@@ -367,7 +367,7 @@ class AsyncTwoPhaseCommitProducer:
         if self._closed:
             return
         try:
-            if self._fork_guard.forked():
+            if self._fork_guard.forked:
                 self._sync.close(timeout)  # in the child: sends nothing, returns at once
             else:
                 await self._call(functools.partial(self._sync.close, timeout))
