@@ -103,7 +103,7 @@ class Variant:
 
 def wire_requests(control: ControlPlane) -> int:
     """Requests kafka-python has written on its open connections (their correlation ids)."""
-    admin = control._admin  # noqa: SLF001 - benchmark-only introspection
+    admin = control.session.connected_client()
     if admin is None:
         return 0
     return sum(conn.parser._correlation_id for conn in admin._manager._conns.values())  # noqa: SLF001

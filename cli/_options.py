@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COORDINATOR_STATES",
     "DEFAULT_STATE_TABLE",
-    "DEFAULT_TIMEOUT_S",
+    "DEFAULT_CLI_TIMEOUT_S",
     "DURATION",
     "META",
     "Duration",
@@ -46,7 +46,8 @@ __all__ = [
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-DEFAULT_TIMEOUT_S = 15.0
+DEFAULT_CLI_TIMEOUT_S = 15.0
+"""The bound of one command's calls to the cluster when ``--timeout`` is not given."""
 DEFAULT_STATE_TABLE = "kafka_transaction_state"
 """The dual write's state table (``kafka2pc.recipes.dual_write``'s default name)."""
 COORDINATOR_STATES = (
@@ -92,7 +93,7 @@ def connection_options(*, group: bool) -> Callable[[_F], _F]:
             click.option(
                 "--timeout", metavar="DURATION", type=Duration(min_s=0.1), expose_value=False,
                 callback=_remember("timeout"),
-                help=f"Give up on an unreachable cluster after this long [default: {DEFAULT_TIMEOUT_S:g}].",
+                help=f"Give up on an unreachable cluster after this long [default: {DEFAULT_CLI_TIMEOUT_S:g}].",
             ),
             click.option(
                 "--debug", is_flag=True, default=False, expose_value=False, callback=_remember("debug"),
@@ -166,7 +167,7 @@ def current_settings() -> Settings:
     return Settings(
         bootstrap_server=meta.get(META + "bootstrap_server"),
         command_config=meta.get(META + "command_config"),
-        timeout_s=float(meta.get(META + "timeout", DEFAULT_TIMEOUT_S)),
+        timeout_s=float(meta.get(META + "timeout", DEFAULT_CLI_TIMEOUT_S)),
         debug=bool(meta.get(META + "debug", False)),
     )
 

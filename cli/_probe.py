@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kafka2pc._reachability import unreachable_reason
+from kafka2pc import unreachable_reason
 
 from ._errors import CliFailure, ExitCode
 

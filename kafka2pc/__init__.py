@@ -32,12 +32,20 @@ from kafka2pc._exceptions import (
 )
 from kafka2pc._machine import TxnState
 from kafka2pc._state import PreparedTxnState
-from kafka2pc._types import PartitionLag, ProducerState, TopicAndPartition, TransactionDescription, TransactionInfo
+from kafka2pc._types import (
+    OnHeuristic,
+    PartitionLag,
+    ProducerState,
+    TopicAndPartition,
+    TransactionDescription,
+    TransactionInfo,
+)
 
 if TYPE_CHECKING:
     from kafka2pc._admin import TransactionAdmin
     from kafka2pc._hanging import OpenTransaction
     from kafka2pc._producer import TwoPhaseCommitProducer
+    from kafka2pc._reachability import unreachable_reason
     from kafka2pc._recovery import Decision, RecoveryPlan, Settlement, TransactionOutcome
 
 # Names whose modules import confluent-kafka / kafka-python (~150 ms): loaded on
@@ -51,6 +59,7 @@ _LAZY = {
     "RecoveryPlan": "kafka2pc._recovery",
     "Settlement": "kafka2pc._recovery",
     "TransactionOutcome": "kafka2pc._recovery",
+    "unreachable_reason": "kafka2pc._reachability",
 }
 
 __version__ = "1.0.0"
@@ -70,6 +79,7 @@ __all__ = [
     "InvalidPreparedStateError",
     "Kafka2pcError",
     "KafkaTransactionError",
+    "OnHeuristic",
     "OpenTransaction",
     "PartitionLag",
     "PreparedTxnState",
@@ -92,6 +102,7 @@ __all__ = [
     "UnsupportedBrokerError",
     "UsageError",
     "__version__",
+    "unreachable_reason",
 ]
 
 # 0.1 names, kept for one minor release: each access warns and names the replacement.

@@ -20,14 +20,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import typing
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-from kafka2pc._control import DEFAULT_REQUEST_TIMEOUT_S, DEFAULT_TIMEOUT_S, ControlPlane
+from kafka2pc._control import DEFAULT_CONTROL_TIMEOUT_S, DEFAULT_REQUEST_TIMEOUT_S, ControlPlane
 from kafka2pc._control._diagnosis import diagnose_unreachable
 from kafka2pc._deprecation import deprecated_alias, renamed, seconds_from_ms
 from kafka2pc._exceptions import KafkaTransactionError, UsageError
-from kafka2pc._hanging import DEFAULT_MAX_TRANSACTION_TIMEOUT_MS, OpenTransaction, find_open_transactions
+from kafka2pc._fork import ForkGuard, abandon
+from kafka2pc._hanging import OpenTransaction, find_open_transactions
 from kafka2pc._hanging import partitions as metadata_partitions
 from kafka2pc._recovery import (
     Decision,
@@ -43,6 +45,7 @@ from kafka2pc._recovery import (
 from kafka2pc._state import PreparedTxnState
 from kafka2pc._types import (
     OPEN_STATES,
+    OnHeuristic,
     PartitionLag,
     ProducerState,
     TopicAndPartition,
@@ -50,23 +53,36 @@ from kafka2pc._types import (
     TransactionInfo,
 )
 
-__all__ = ["AdminOnHeuristic", "PartitionLag", "TransactionAdmin", "TransactionInfo", "on_heuristic_raises"]
+__all__ = ["PartitionLag", "TransactionAdmin", "TransactionInfo", "on_heuristic_raises"]
 
 logger = logging.getLogger(__name__)
 
-AdminOnHeuristic = Literal["raise", "report"]
-"""What a settlement does when Kafka aborted the transaction the state names (a heuristic outcome):
-``"raise"`` :class:`HeuristicOutcomeError`, or ``"report"`` it in the :class:`Settlement`."""
+_ON_HEURISTIC: tuple[OnHeuristic, ...] = typing.get_args(OnHeuristic)
 
 
 def on_heuristic_raises(where: str, on_heuristic: str, raise_on_heuristic: bool | None) -> bool:
-    """Whether a heuristic outcome raises, from ``on_heuristic`` or the deprecated ``raise_on_heuristic`` flag."""
+    """Whether a heuristic outcome raises, from ``on_heuristic`` (:data:`~kafka2pc.OnHeuristic`) or the deprecated flag.
+
+    An admin stores no prepared state, so ``"acknowledge"`` reports the
+    outcome as ``"report"`` does (the caller clears its own stored state).
+    """
     if raise_on_heuristic is not None:
         renamed(f"{where}(raise_on_heuristic=...)", "on_heuristic='raise' or 'report'", stacklevel=4)
         return raise_on_heuristic
-    if on_heuristic not in ("raise", "report"):
-        raise UsageError(f"{where}: on_heuristic must be 'raise' or 'report', not {on_heuristic!r}")
+    if on_heuristic not in _ON_HEURISTIC:
+        raise UsageError(
+            f"{where}: on_heuristic must be one of {', '.join(map(repr, _ON_HEURISTIC))}, not {on_heuristic!r}"
+        )
     return on_heuristic == "raise"
+
+
+if not typing.TYPE_CHECKING:  # type checkers see no __getattr__, which would hide typos
+
+    def __getattr__(name: str) -> Any:
+        if name == "AdminOnHeuristic":  # its 1.0 name: the admin's policy is kafka2pc.OnHeuristic, as every settler's
+            renamed("kafka2pc._admin.AdminOnHeuristic", "kafka2pc.OnHeuristic")
+            return OnHeuristic
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 class TransactionAdmin:
     """Inspect, settle and terminate transactions from any process (no producer needed).
@@ -80,10 +96,14 @@ class TransactionAdmin:
             for info in admin.list_transactions(min_open_s=60):
                 print(info.transactional_id, info.open_for_s)
             admin.force_terminate_transaction("orders-1")
+
+    Used in a child process forked after it was made, every method raises
+    :class:`ForkedProcessError` at once, before anything is sent (its
+    connections belong to the parent): make it after the fork.
     """
 
-    DEFAULT_MAX_TRANSACTION_TIMEOUT_MS: ClassVar[int] = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS
-    """The broker's default ``transaction.max.timeout.ms`` (15 minutes): what
+    DEFAULT_MAX_TRANSACTION_TIMEOUT_MS: ClassVar[int] = 900_000
+    """The broker's default ``transaction.max.timeout.ms`` (15 minutes, as in ``kafka-transactions.sh``): what
     :meth:`find_hanging_transactions` assumes unless told."""
 
     def __init__(
@@ -103,13 +123,14 @@ class TransactionAdmin:
         another client (a producer's :attr:`TwoPhaseCommitProducer.control_plane`,
         or another admin's); :meth:`close` then leaves them open.
         """
+        self._fork_guard = ForkGuard("TransactionAdmin")
         self._config = dict(config)
         self._owns_ctrl = control_plane is None
         if control_plane is not None:
             self._ctrl = control_plane
             return
         if timeout_s is None:
-            timeout_s = DEFAULT_TIMEOUT_S
+            timeout_s = DEFAULT_CONTROL_TIMEOUT_S
         if request_timeout_s is None:
             request_timeout_s = min(timeout_s, DEFAULT_REQUEST_TIMEOUT_S)
         self._ctrl = ControlPlane(config, request_timeout_s=request_timeout_s, timeout_s=timeout_s)
@@ -129,10 +150,16 @@ class TransactionAdmin:
 
         Closing sockets does not wait on the network: it returns at once,
         well within any ``timeout`` (accepted for the signature every
-        ``close`` of kafka2pc shares).
+        ``close`` of kafka2pc shares).  In a child forked after the admin was
+        made it closes nothing: the inherited connections are left to the
+        parent (they go away when the child exits).
         """
         if timeout is not None and timeout < 0:
             raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
+        if self._fork_guard.forked:
+            if self._owns_ctrl:
+                abandon(self._ctrl)
+            return
         if self._owns_ctrl:
             self._ctrl.close()
 
@@ -145,6 +172,7 @@ class TransactionAdmin:
         admin's ``timeout_s``); a call's own ``timeout`` can only make that
         earlier.  Past the deadline a call raises :class:`BrokerUnavailableError`.
         """
+        self._fork_guard.check()
         with self._ctrl.deadline(timeout):
             yield
 
@@ -158,6 +186,7 @@ class TransactionAdmin:
         :class:`BrokerUnavailableError` naming the TLS failure, or ``None``
         (plaintext connection, or nothing more to learn).
         """
+        self._fork_guard.check()
         timeout_s = self.timeout_s if timeout is None else timeout
         from kafka2pc._control import librdkafka_connection_config
 
@@ -173,6 +202,7 @@ class TransactionAdmin:
         self, transactional_id: str, *, timeout: float | None = None
     ) -> TransactionInfo | None:
         """The coordinator's view of ``transactional_id`` (``None`` if unknown), with partition costs."""
+        self._fork_guard.check()
         with self._ctrl.deadline(timeout):
             desc = self._ctrl.describe_transaction(transactional_id)
             return None if desc is None else self._info(desc)
@@ -191,6 +221,7 @@ class TransactionAdmin:
         seconds (so ``0`` lists every open transaction); ``states`` filters by
         coordinator state.  ``min_open_ms`` is its deprecated 0.1 spelling.
         """
+        self._fork_guard.check()
         min_open_s = seconds_from_ms("list_transactions", "min_open_ms", min_open_ms, "min_open_s", min_open_s)
         with self._ctrl.deadline(timeout):
             listings = self._ctrl.list_transactions(states=states)
@@ -217,6 +248,7 @@ class TransactionAdmin:
         is left to finish).  Logs a WARNING when an ``Ongoing`` transaction was
         aborted, an INFO line when there was nothing open to end.
         """
+        self._fork_guard.check()
         with self._ctrl.deadline(timeout):
             before = self._ctrl.describe_transaction(transactional_id)
             if before is None or (only_ongoing and before.state != "Ongoing"):
@@ -245,6 +277,7 @@ class TransactionAdmin:
         process or another, one read-only probe of its anchor record (an open
         one reads as ``ONGOING`` or ``UNKNOWN``).
         """
+        self._fork_guard.check()
         state.check_transactional_id(transactional_id)
         if settled:
             return self._probe_outcome(state, timeout)
@@ -258,6 +291,7 @@ class TransactionAdmin:
         self, transactional_id: str, state: PreparedTxnState, *, timeout: float | None = None
     ) -> RecoveryPlan:
         """What :meth:`complete_transaction` would do, without doing it."""
+        self._fork_guard.check()
         with self._ctrl.deadline(timeout):
             return plan(self._ctrl, transactional_id, state)
 
@@ -267,7 +301,7 @@ class TransactionAdmin:
         state: PreparedTxnState,
         *,
         fence: bool = True,
-        on_heuristic: AdminOnHeuristic = "raise",
+        on_heuristic: OnHeuristic = "raise",
         timeout: float | None = None,
         raise_on_heuristic: bool | None = None,
     ) -> Settlement:
@@ -283,6 +317,7 @@ class TransactionAdmin:
         :class:`Settlement` with ``"report"``.  ``raise_on_heuristic`` is the
         deprecated rc1 flag.
         """
+        self._fork_guard.check()
         raises = on_heuristic_raises("TransactionAdmin.complete_transaction", on_heuristic, raise_on_heuristic)
         if not isinstance(state, PreparedTxnState):
             raise UsageError(f"state must be a PreparedTxnState, not {type(state).__name__}")
@@ -295,6 +330,7 @@ class TransactionAdmin:
     @deprecated_alias("outcome_of", "transaction_outcome")
     def outcome_of(self, state: PreparedTxnState, *, timeout: float | None = None) -> TransactionOutcome:
         """``transaction_outcome(transactional_id, state, settled=True)``."""
+        self._fork_guard.check()
         return self._probe_outcome(state, timeout)
 
     def _probe_outcome(self, state: PreparedTxnState, timeout: float | None) -> TransactionOutcome:
@@ -314,6 +350,7 @@ class TransactionAdmin:
         outcome.  The call ends within ``wait_s + timeout`` (``timeout``
         default: the admin's ``timeout_s``).
         """
+        self._fork_guard.check()
         if wait_s < 0:
             raise UsageError(f"wait_s must not be negative, got {wait_s}")
         with self._ctrl.deadline(wait_s + (self.timeout_s if timeout is None else timeout)):
@@ -324,7 +361,7 @@ class TransactionAdmin:
         states: Mapping[str, PreparedTxnState],
         *,
         fence: bool = True,
-        on_heuristic: AdminOnHeuristic = "raise",
+        on_heuristic: OnHeuristic = "raise",
         on_settled: Callable[[str, Settlement], None] | None = None,
         markers_timeout_s: float = 10.0,
         timeout: float | None = None,
@@ -345,8 +382,9 @@ class TransactionAdmin:
         ``"report"`` reports each in its :class:`Settlement`.
         ``raise_on_heuristic`` is the deprecated rc1 flag.
         """
+        self._fork_guard.check()
         raises = on_heuristic_raises("TransactionAdmin.settle_many", on_heuristic, raise_on_heuristic)
-        heuristic: AdminOnHeuristic = "raise" if raises else "report"
+        heuristic: OnHeuristic = "raise" if raises else "report"
         settlements: dict[str, Settlement] = {}
         ended: list[str] = []
         for transactional_id, state in states.items():
@@ -382,6 +420,7 @@ class TransactionAdmin:
         transactions that were open).  ``timeout`` bounds the listing, and
         each settlement.
         """
+        self._fork_guard.check()
         with self._ctrl.deadline(timeout):
             listings = self._ctrl.list_transactions(states=["Ongoing"])
         decisions: dict[str, Decision] = {}
@@ -409,11 +448,13 @@ class TransactionAdmin:
         transaction it has open there (``-1``: none): the partition's last
         stable offset cannot pass it until that transaction ends.
         """
+        self._fork_guard.check()
         with self._ctrl.deadline(timeout):
             return self._ctrl.describe_producers(partition)
 
     def partition_lag(self, partition: TopicAndPartition, *, timeout: float | None = None) -> PartitionLag:
         """The last stable offset and high watermark of ``partition``: what open transactions hold back."""
+        self._fork_guard.check()
         with self._ctrl.deadline(timeout):
             return self._lag(partition)
 
@@ -426,6 +467,7 @@ class TransactionAdmin:
         timeout: float | None = None,
     ) -> list[TopicAndPartition]:
         """The partitions of ``topic`` (or only its ``partition``), or those ``broker_id`` leads, from metadata."""
+        self._fork_guard.check()
         return metadata_partitions(self._config, topic=topic, partition=partition, broker_id=broker_id,
                                    timeout_s=self.timeout_s if timeout is None else timeout)
 
@@ -444,6 +486,7 @@ class TransactionAdmin:
         with :meth:`describe_producers` (a held-back partition has a producer
         with ``current_txn_start_offset`` equal to its last stable offset).
         """
+        self._fork_guard.check()
         from kafka2pc._control._lag import held_back_partitions
 
         with self._ctrl.deadline(timeout):
@@ -468,6 +511,7 @@ class TransactionAdmin:
         thousands of partitions).  ``max_transaction_timeout_ms`` is the
         deprecated 0.1 spelling.
         """
+        self._fork_guard.check()
         limit_s = seconds_from_ms("find_hanging_transactions", "max_transaction_timeout_ms",
                                   max_transaction_timeout_ms, "max_transaction_timeout_s", None)
         if limit_s is None:
@@ -492,6 +536,7 @@ class TransactionAdmin:
         ``coordinator_epoch=-1`` skips the leader's coordinator-epoch check.
         Returns the partition's offsets afterwards.
         """
+        self._fork_guard.check()
         with self._ctrl.deadline(timeout):
             self._ctrl.abort_partition_transaction(
                 partition, producer_id, producer_epoch, coordinator_epoch=coordinator_epoch
@@ -502,6 +547,7 @@ class TransactionAdmin:
 
     def topic_names(self, *, timeout: float | None = None) -> list[str]:
         """The names of every topic in the cluster."""
+        self._fork_guard.check()
         with self._ctrl.deadline(timeout):
             return self._ctrl.topic_names()
 
@@ -513,12 +559,14 @@ class TransactionAdmin:
         wrap around).  Set ``transaction.timeout.ms`` (Kafka's key, in
         milliseconds) to at most ``1000 *`` this.
         """
+        self._fork_guard.check()
         limit_ms = self._max_transaction_timeout_ms(timeout)
         return None if limit_ms is None else limit_ms / 1000
 
     @deprecated_alias("max_transaction_timeout_ms", "max_transaction_timeout_s")
     def max_transaction_timeout_ms(self, *, timeout: float | None = None) -> int | None:
         """The same limit in milliseconds."""
+        self._fork_guard.check()
         return self._max_transaction_timeout_ms(timeout)
 
     def _max_transaction_timeout_ms(self, timeout: float | None) -> int | None:
@@ -543,6 +591,7 @@ class TransactionAdmin:
         naming every partition of the cluster per group stored in a held-back
         ``__consumer_offsets`` partition.  ``timeout`` bounds the whole call.
         """
+        self._fork_guard.check()
         from kafka2pc._control._groups import pending_offset_groups
 
         with self._ctrl.deadline(timeout):
@@ -562,6 +611,7 @@ class TransactionAdmin:
         offsets.  Map a producer id to its transactional id with
         :meth:`list_transactions`.  ``timeout`` bounds the whole call.
         """
+        self._fork_guard.check()
         from kafka2pc._control._groups import pending_offset_holders
 
         with self._ctrl.deadline(timeout):
@@ -569,6 +619,7 @@ class TransactionAdmin:
 
     def consumer_offsets_partition(self, group_id: str, *, timeout: float | None = None) -> TopicAndPartition:
         """The ``__consumer_offsets`` partition that stores ``group_id``'s offsets (as the broker picks it)."""
+        self._fork_guard.check()
         from kafka2pc._control._groups import (
             CONSUMER_OFFSETS_TOPIC,
             consumer_offsets_partition_count,
@@ -576,7 +627,7 @@ class TransactionAdmin:
         )
 
         with self._ctrl.deadline(timeout):
-            count = consumer_offsets_partition_count(self._ctrl)
+            count = consumer_offsets_partition_count(self._ctrl.session)
         if count <= 0:
             raise UsageError(f"{CONSUMER_OFFSETS_TOPIC} does not exist yet: no group has committed offsets")
         return TopicAndPartition(CONSUMER_OFFSETS_TOPIC, offsets_partition(group_id, count))

@@ -1,9 +1,10 @@
 """Calls into librdkafka: their failures translated once, and reflected in the transaction state machine.
 
-:class:`LibrdkafkaCalls` is the base of :class:`~kafka2pc.TwoPhaseCommitProducer`
-(through :class:`~kafka2pc._anchoring.Anchoring` and
-:class:`~kafka2pc._ending.Ending`): the fields every part of the producer
-shares, and the one way they call the librdkafka producer.
+:class:`LibrdkafkaCalls` is one collaborator of :class:`~kafka2pc.TwoPhaseCommitProducer`:
+it holds the librdkafka producer (``None`` before ``init_transactions`` and
+after ``close``) and is the one way the producer and its other collaborators
+(:class:`~kafka2pc._anchoring.Anchoring`, :class:`~kafka2pc._ending.Ending`)
+call it.
 """
 
 from __future__ import annotations
@@ -20,27 +21,47 @@ from kafka2pc._errors import kafka_exception_in, translate_confluent_error
 from kafka2pc._exceptions import AbortableError, FatalError, IllegalStateError, Kafka2pcError
 from kafka2pc._machine import StateMachine, TxnState
 
-__all__ = ["LibrdkafkaCalls"]
+__all__ = ["LibrdkafkaCalls", "bounded"]
+
+
+@contextmanager
+def bounded(ctrl: ControlPlane, deadline: float, op: str) -> Iterator[None]:
+    """Hold the control-plane calls made in the block to ``deadline`` (a :func:`time.monotonic` value)."""
+    with ctrl.deadline(time_left(deadline, op)):
+        yield
 
 
 class LibrdkafkaCalls:
-    """The producer's shared fields (set by ``TwoPhaseCommitProducer.__init__``) and its calls into librdkafka."""
+    """The librdkafka producer of one transactional id, and the one way to call it.
 
-    _transactional_id: str
-    _config: dict[str, Any]
-    _ctrl: ControlPlane
-    _machine: StateMachine
-    _producer: Producer | None
-    _producer_id: int
-    _epoch: int
+    A failure is translated to the kafka2pc error it means, after moving the
+    shared state machine to the error state it implies (:meth:`failed`).
+    """
 
-    @contextmanager
-    def _bounded(self, deadline: float, op: str) -> Iterator[None]:
-        """Hold the control-plane calls made in the block to ``deadline``."""
-        with self._ctrl.deadline(time_left(deadline, op)):
-            yield
+    def __init__(self, transactional_id: str, machine: StateMachine) -> None:
+        self._transactional_id = transactional_id
+        self._machine = machine
+        self._producer: Producer | None = None
 
-    def _failed(self, op: str, exc: KafkaException) -> Kafka2pcError:
+    @property
+    def current(self) -> Producer | None:
+        """The librdkafka producer, ``None`` when there is none (before init, after close)."""
+        return self._producer
+
+    def install(self, producer: Producer) -> None:
+        """Make ``producer`` (initialised) the one every call goes to."""
+        self._producer = producer
+
+    def release(self) -> Producer | None:
+        """Forget the librdkafka producer and hand it to the caller (to purge, flush or drop)."""
+        producer, self._producer = self._producer, None
+        return producer
+
+    def outstanding(self) -> int:
+        """Records and requests librdkafka still holds (``len(producer)``; ``0`` without a producer)."""
+        return len(self._producer) if self._producer is not None else 0
+
+    def failed(self, op: str, exc: KafkaException) -> Kafka2pcError:
         """The kafka2pc error for ``exc``, after moving the state machine to the error state it means."""
         error = translate_confluent_error(exc, f"{op}({self._transactional_id!r})")
         if isinstance(error, FatalError):
@@ -50,12 +71,12 @@ class LibrdkafkaCalls:
             self._machine.transition_to(TxnState.ABORTABLE_ERROR, cause=error)
         return error
 
-    def _call(self, fn: Callable[[Producer], Any], op: str) -> Any:
-        """``fn(producer)``, a librdkafka failure raised as the kafka2pc error it means (:meth:`_failed`)."""
+    def call(self, fn: Callable[[Producer], Any], op: str) -> Any:
+        """``fn(producer)``, a librdkafka failure raised as the kafka2pc error it means (:meth:`failed`)."""
         try:
-            return fn(self._require_producer())
+            return fn(self.require())
         except KafkaException as exc:
-            raise self._failed(op, exc) from exc
+            raise self.failed(op, exc) from exc
         except SystemError as exc:
             # confluent-kafka 2.16 (measured): a flush() that meets a fatal error (fenced)
             # sets its KafkaException, then runs delivery callbacks (purged records) with
@@ -64,7 +85,13 @@ class LibrdkafkaCalls:
             cause = kafka_exception_in(exc) or self._fatal_error_probe()
             if cause is None:
                 raise
-            raise self._failed(op, cause) from exc
+            raise self.failed(op, cause) from exc
+
+    def require(self) -> Producer:
+        """The librdkafka producer; :class:`IllegalStateError` when there is none."""
+        if self._producer is None:
+            raise IllegalStateError(f"no producer in state {self._machine.state.value}: call init_transactions() first")
+        return self._producer
 
     def _fatal_error_probe(self) -> KafkaException | None:
         """librdkafka's fatal transaction error, if it is in its fatal state (no side effect).
@@ -75,13 +102,7 @@ class LibrdkafkaCalls:
         if self._machine.state not in (TxnState.IN_TRANSACTION, TxnState.PREPARED, TxnState.ABORTABLE_ERROR):
             return None
         try:
-            self._require_producer().begin_transaction()
+            self.require().begin_transaction()
         except KafkaException as exc:
             return exc if exc.args and exc.args[0].fatal() else None
         return None
-
-    def _require_producer(self) -> Producer:
-        if self._producer is None:
-            raise IllegalStateError(f"no producer in state {self._machine.state.value}: call init_transactions() first")
-        return self._producer
-

@@ -1,11 +1,15 @@
 """How a transaction ends, and how the producer (re)starts with a fresh epoch.
 
-A transaction this process runs ends through librdkafka (``_end_local``),
+A transaction this process runs ends through librdkafka (:meth:`Ending.end_local`),
 delivering first what an abort could race (:mod:`kafka2pc._abort_race`); a
 commit or abort that times out leaves the producer ``IN_DOUBT``.  One a
-previous instance left open ends at the coordinator (``_settle_open``).
+previous instance left open ends at the coordinator (:meth:`Ending.settle_open`).
 Either way a re-initialisation (InitProducerId) bumps the epoch, which fences
 every older instance and request still in flight.
+
+:class:`Ending` is that collaborator of :class:`~kafka2pc.TwoPhaseCommitProducer`:
+it owns the producer id and epoch the coordinator gave this instance, and
+whether an abort may have left a transaction open there.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from kafka2pc._abort_race import end_left_open, settle_registrations
-from kafka2pc._calls import LibrdkafkaCalls
+from kafka2pc._calls import LibrdkafkaCalls, bounded
+from kafka2pc._control import ControlPlane
 from kafka2pc._deadline import deadline_after, time_left
 from kafka2pc._errors import kafka_error_of, translate_confluent_error
 from kafka2pc._exceptions import FatalError, IndefiniteOutcomeError
-from kafka2pc._machine import TxnState
+from kafka2pc._machine import StateMachine, TxnState
 from kafka2pc._producer_config import librdkafka_config
 from kafka2pc._state import PreparedTxnState
 
@@ -41,22 +46,43 @@ warnings.filterwarnings(
 )
 
 
-class Ending(LibrdkafkaCalls):
-    """Ends transactions and (re)starts the librdkafka producer: a base of :class:`kafka2pc.TwoPhaseCommitProducer`."""
+class Ending:
+    """Ends transactions and (re)starts the librdkafka producer (a collaborator of the producer)."""
 
-    _ids_stale: bool
-    """The producer id and epoch may have changed since they were last asked of the coordinator."""
-    _prepared: PreparedTxnState | None
-    _abort_doubtful: bool
-    """The last abort ran with records in flight: the coordinator may still hold it open."""
-    _plain_delivery_callback: Callable[[KafkaError | None, Any], None]
+    def __init__(
+        self,
+        *,
+        transactional_id: str,
+        machine: StateMachine,
+        calls: LibrdkafkaCalls,
+        ctrl: ControlPlane,
+        librdkafka: dict[str, Any],
+        delivery_callback: Callable[[KafkaError | None, Any], None],
+    ) -> None:
+        self._transactional_id = transactional_id
+        self._machine = machine
+        self._calls = calls
+        self._ctrl = ctrl
+        self._config = librdkafka
+        self._delivery_callback = delivery_callback
+        """The producer-level delivery callback (librdkafka's default for records sent without one)."""
+        self._producer_id = -1
+        self._epoch = -1
+        self._ids_stale = True
+        """The producer id and epoch may have changed since they were last asked of the coordinator."""
+        self._abort_doubtful = False
+        """The last abort ran with records in flight: the coordinator may still hold it open."""
 
+    @property
+    def ids(self) -> tuple[int, int]:
+        """``(producer_id, epoch)`` as the coordinator last gave them (``(-1, -1)`` before init)."""
+        return self._producer_id, self._epoch
 
-    def _start_producer(self, deadline: float) -> None:
+    def start_producer(self, deadline: float) -> None:
         """Create the librdkafka producer and register the transactional id (InitProducerId), by ``deadline``."""
         op = f"init_transactions({self._transactional_id!r})"
-        with self._bounded(deadline, op):
-            config = librdkafka_config(self._config, self._ctrl, self._plain_delivery_callback)
+        with bounded(self._ctrl, deadline, op):
+            config = librdkafka_config(self._config, self._ctrl, self._delivery_callback)
         producer = Producer(config)
         retried = False
         while True:
@@ -78,9 +104,15 @@ class Ending(LibrdkafkaCalls):
             except BaseException:
                 _discard(producer)
                 raise
-        self._producer = producer
-        with self._bounded(deadline, op):
+        self._calls.install(producer)
+        with bounded(self._ctrl, deadline, op):
             self._refresh_ids()
+
+    def refresh_stale_ids(self, deadline: float) -> None:
+        """Ask the coordinator for the producer id and epoch (by ``deadline``) if an abort may have changed them."""
+        if self._ids_stale:
+            with bounded(self._ctrl, deadline, "prepare_transaction"):
+                self._refresh_ids()
 
     def _refresh_ids(self) -> None:
         """Ask the coordinator for this producer's id and epoch (librdkafka does not tell them)."""
@@ -90,29 +122,32 @@ class Ending(LibrdkafkaCalls):
         self._producer_id, self._epoch = desc.producer_id, desc.producer_epoch
         self._ids_stale = False
 
-    def _reinitialize(self, deadline: float) -> None:
+    def reinitialize(self, deadline: float) -> None:
         """Replace the librdkafka producer: a new InitProducerId bumps the epoch and fences older ones."""
-        old, self._producer = self._producer, None
+        old = self._calls.release()
         if old is not None:
             old.purge()
             del old
-        self._start_producer(deadline)
-        self._prepared = None
+        self.start_producer(deadline)
         self._machine.transition_to(TxnState.READY)
 
-    def _settle_open(self, *, commit: bool, timeout: float | None) -> None:
+    def settle_open(self, *, commit: bool, timeout: float | None) -> None:
         """End at the coordinator the transaction a previous instance left open, then re-initialise."""
         desc = self._ctrl.describe_transaction(self._transactional_id)
         if desc is not None and desc.state == "Ongoing":
             self._ctrl.end_txn(self._transactional_id, desc.producer_id, desc.producer_epoch, commit=commit)
             logger.info("%s: %s the transaction left open by producer %d/%d", self._transactional_id,
                         "committed" if commit else "aborted", desc.producer_id, desc.producer_epoch)
-        self._reinitialize(deadline_after(timeout))
+        self.reinitialize(deadline_after(timeout))
 
-    def _end_local(self, *, commit: bool, timeout: float | None) -> None:
-        """Commit or abort this process's transaction through librdkafka; a timeout leaves it ``IN_DOUBT``."""
+    def end_local(self, *, commit: bool, timeout: float | None, prepared: PreparedTxnState | None) -> None:
+        """Commit or abort this process's transaction through librdkafka; a timeout leaves it ``IN_DOUBT``.
+
+        ``prepared``: the transaction's prepared state, if it has one (what an
+        :class:`IndefiniteOutcomeError` names).
+        """
         op = "commit_transaction" if commit else "abort_transaction"
-        producer = self._require_producer()
+        producer = self._calls.require()
         deadline = deadline_after(timeout)
         registered = True
         if not commit:
@@ -130,19 +165,26 @@ class Ending(LibrdkafkaCalls):
                 self._end_left_open(deadline)
             if err is not None and err.retriable() and not err.fatal() and not err.txn_requires_abort():
                 indefinite = IndefiniteOutcomeError(
-                    f"{op}() of {self._prepared or 'the transaction'} timed out: outcome unknown; retry it "
+                    f"{op}() of {prepared or 'the transaction'} timed out: outcome unknown; retry it "
                     "or call complete_transaction(state)",
-                    state=self._prepared, error_name=err.name(), error_code=err.code(),
+                    state=prepared, error_name=err.name(), error_code=err.code(),
                 )
                 self._machine.transition_to(TxnState.IN_DOUBT, cause=indefinite, operation=op)
                 raise indefinite from exc
-            raise self._failed(op, exc) from exc
+            raise self._calls.failed(op, exc) from exc
         if not commit:
             self._ids_stale = True  # librdkafka may bump the epoch while aborting
             self._abort_doubtful = not registered
-        self._prepared = None
         self._machine.transition_to(TxnState.READY)
 
+    def end_doubtful_abort(self, deadline: float) -> None:
+        """At close: end what the coordinator may still hold open after an abort that raced its records.
+
+        Only when the last abort ran with records in flight and the producer is
+        still ``READY`` with its librdkafka producer; asked by ``deadline``.
+        """
+        if self._abort_doubtful and self._calls.current is not None and self._machine.state is TxnState.READY:
+            self._end_left_open(deadline)
 
     def _end_left_open(self, deadline: float) -> None:
         """End what the coordinator still holds open for this producer after its abort (:func:`end_left_open`)."""

@@ -37,10 +37,8 @@ from kafka2pc._exceptions import UsageError
 from kafka2pc._logging import with_librdkafka_logger
 from kafka2pc._types import OPEN_STATES, ProducerState, TopicAndPartition, TransactionDescription
 
-__all__ = ["DEFAULT_MAX_TRANSACTION_TIMEOUT_MS", "OpenTransaction", "find_open_transactions", "judge", "partitions"]
+__all__ = ["OpenTransaction", "find_open_transactions", "judge", "partitions"]
 
-DEFAULT_MAX_TRANSACTION_TIMEOUT_MS = 900_000
-"""The broker's default ``transaction.max.timeout.ms`` (15 minutes), as in ``kafka-transactions.sh``."""
 
 
 
@@ -94,10 +92,15 @@ def find_open_transactions(
     ctrl: ControlPlane,
     tps: Iterable[TopicAndPartition],
     *,
-    max_transaction_timeout_ms: int = DEFAULT_MAX_TRANSACTION_TIMEOUT_MS,
+    max_transaction_timeout_ms: int,
     now_ms: int | None = None,
 ) -> list[OpenTransaction]:
-    """Open transactions on ``tps`` older than ``max_transaction_timeout_ms``, each judged hanging or not."""
+    """Open transactions on ``tps`` older than ``max_transaction_timeout_ms``, each judged hanging or not.
+
+    ``max_transaction_timeout_ms``: the broker's ``transaction.max.timeout.ms``
+    (:attr:`kafka2pc.TransactionAdmin.DEFAULT_MAX_TRANSACTION_TIMEOUT_MS` when
+    the caller cannot ask it).
+    """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     candidates: list[tuple[TopicAndPartition, ProducerState]] = []
     for tp in tps:

@@ -1,8 +1,10 @@
 """The client-side transaction state machine of :class:`TwoPhaseCommitProducer`.
 
 One enum (:class:`TxnState`), one table of allowed transitions
-(:data:`TRANSITIONS`, target -> allowed sources, as in Kafka's Java
-``TransactionManager.isTransitionValid``), one table of the states each public
+(:data:`TRANSITIONS`, source -> allowed targets, the orientation of every
+state table in kafka2pc; Kafka's Java ``TransactionManager.isTransitionValid``
+holds the same pairs the other way round, as a switch on the target that
+lists its allowed sources), one table of the states each public
 operation may start from (:data:`OPERATIONS`), and one gate
 (:class:`StateMachine`) that raises :class:`IllegalStateError` — never an
 ``assert`` — and remembers the cause of error states.
@@ -53,21 +55,20 @@ class TxnState(enum.Enum):
 
 
 _S = TxnState
-_ALL: Final = frozenset(TxnState)
 
-#: target state -> states it may be entered from.
+#: source state -> the states it may move to in one step (every live state may turn fatal; close() from anywhere).
 TRANSITIONS: Final[dict[TxnState, frozenset[TxnState]]] = {
-    _S.UNINITIALIZED: frozenset(),
-    _S.READY: frozenset(
-        {_S.UNINITIALIZED, _S.IN_TRANSACTION, _S.PREPARED, _S.RECOVERING, _S.IN_DOUBT, _S.ABORTABLE_ERROR}
+    _S.UNINITIALIZED: frozenset({_S.READY, _S.RECOVERING, _S.FATAL_ERROR, _S.CLOSED}),
+    _S.READY: frozenset({_S.IN_TRANSACTION, _S.FATAL_ERROR, _S.CLOSED}),
+    _S.IN_TRANSACTION: frozenset(
+        {_S.READY, _S.PREPARED, _S.IN_DOUBT, _S.ABORTABLE_ERROR, _S.FATAL_ERROR, _S.CLOSED}
     ),
-    _S.IN_TRANSACTION: frozenset({_S.READY}),
-    _S.PREPARED: frozenset({_S.IN_TRANSACTION}),
-    _S.RECOVERING: frozenset({_S.UNINITIALIZED}),
-    _S.IN_DOUBT: frozenset({_S.IN_TRANSACTION, _S.PREPARED, _S.RECOVERING, _S.IN_DOUBT, _S.ABORTABLE_ERROR}),
-    _S.ABORTABLE_ERROR: frozenset({_S.IN_TRANSACTION, _S.PREPARED, _S.ABORTABLE_ERROR}),
-    _S.FATAL_ERROR: _ALL - {_S.CLOSED, _S.FATAL_ERROR},
-    _S.CLOSED: _ALL,
+    _S.PREPARED: frozenset({_S.READY, _S.IN_DOUBT, _S.ABORTABLE_ERROR, _S.FATAL_ERROR, _S.CLOSED}),
+    _S.RECOVERING: frozenset({_S.READY, _S.IN_DOUBT, _S.FATAL_ERROR, _S.CLOSED}),
+    _S.IN_DOUBT: frozenset({_S.READY, _S.IN_DOUBT, _S.FATAL_ERROR, _S.CLOSED}),
+    _S.ABORTABLE_ERROR: frozenset({_S.READY, _S.IN_DOUBT, _S.ABORTABLE_ERROR, _S.FATAL_ERROR, _S.CLOSED}),
+    _S.FATAL_ERROR: frozenset({_S.CLOSED}),
+    _S.CLOSED: frozenset({_S.CLOSED}),
 }
 
 #: public operation -> states it may be called in.
@@ -127,7 +128,7 @@ class StateMachine:
         """Move to ``target`` or raise :class:`IllegalStateError`; error states keep ``cause``."""
         with self._lock:
             source = self._state
-            if source not in TRANSITIONS[target]:
+            if target not in TRANSITIONS[source]:
                 raise IllegalStateError(f"invalid transition {source.value} -> {target.value}")
             self._state = target
             if target in (TxnState.ABORTABLE_ERROR, TxnState.FATAL_ERROR, TxnState.IN_DOUBT):

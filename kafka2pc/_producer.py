@@ -1,12 +1,23 @@
 """``TwoPhaseCommitProducer``: KIP-939's participant API over a confluent-kafka producer.
 
-The public class, its transaction life cycle and its record path live here;
-its parts live beside it, one idea each: the configuration
-(:mod:`kafka2pc._producer_config`), the calls into librdkafka
-(:mod:`kafka2pc._calls`), the anchor that makes every prepared state name
-exactly one transaction (:mod:`kafka2pc._anchoring`), ending transactions and
-re-initialising (:mod:`kafka2pc._ending`, with the abort race in
-:mod:`kafka2pc._abort_race`), and the calls' bounds (:mod:`kafka2pc._deadline`).
+The public class, its transaction life cycle and its record path live here.
+It holds collaborators, each an object that owns its state behind a small
+interface (none reads another's fields):
+
+* :class:`~kafka2pc._machine.StateMachine` -- the transaction state, one gate;
+* :class:`~kafka2pc._calls.LibrdkafkaCalls` -- the librdkafka producer and the
+  one way to call it (failures translated once);
+* :class:`~kafka2pc._anchoring.Anchoring` -- the anchor that makes every
+  prepared state name exactly one transaction;
+* :class:`~kafka2pc._ending.Ending` -- the producer id and epoch, ending
+  transactions and re-initialising (the abort race in :mod:`kafka2pc._abort_race`);
+* :class:`~kafka2pc._control.ControlPlane` -- the coordinator client;
+* :class:`~kafka2pc._fork.ForkGuard` -- the process that made the producer.
+
+The producer itself owns what its callers see: the prepared state, the last
+settlement, and whether the last ``init_transactions`` was a plain one.  The
+configuration is :mod:`kafka2pc._producer_config`; the calls' bounds
+:mod:`kafka2pc._deadline`.
 """
 
 from __future__ import annotations
@@ -19,18 +30,19 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from kafka2pc._anchoring import Anchoring
+from kafka2pc._calls import LibrdkafkaCalls, bounded
 from kafka2pc._control import ControlPlane
 from kafka2pc._deadline import DEFAULT_CLOSE_TIMEOUT_S, DEFAULT_TIMEOUT_S, deadline_after
 from kafka2pc._deprecation import renamed
 from kafka2pc._ending import Ending
 from kafka2pc._exceptions import (
-    FatalError,
     HeuristicOutcomeError,
     IllegalStateError,
     IndefiniteOutcomeError,
     QueueFullError,
     UsageError,
 )
+from kafka2pc._fork import ForkGuard, abandon
 from kafka2pc._machine import StateMachine, TxnState
 from kafka2pc._producer_config import check_broker, parse_config
 from kafka2pc._recovery import Settlement, settle
@@ -48,7 +60,7 @@ Headers = dict[str, str | bytes | None] | list[tuple[str, str | bytes | None]]
 """Record headers: a dict, or a list of ``(name, value)`` pairs (names may repeat)."""
 
 
-class TwoPhaseCommitProducer(Anchoring, Ending):
+class TwoPhaseCommitProducer:
     """A transactional Kafka producer that can take part in a two-phase commit.
 
     It wraps a ``confluent_kafka.Producer`` (same configuration dict, same
@@ -78,6 +90,14 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
     Not thread-safe for concurrent transaction control; ``produce`` may be
     called from the thread that runs the transaction.
 
+    Not fork-safe, by design: used in a child process forked after it was
+    made, every method raises :class:`ForkedProcessError` at once, before
+    anything is sent (a new instance in the child would fence the parent's,
+    so it cannot be remade behind your back).  Make the producer after the
+    fork (gunicorn's ``post_fork``, Celery's ``worker_process_init``);
+    :meth:`close` in the child returns at once and leaves the parent's
+    producer alone.
+
     ``kafka2pc.delivery.reports`` (a kafka2pc setting in the same dict):
     ``"all"`` (default) serves a delivery report per record, and the first
     successful one anchors the prepared state for free.  ``"errors"`` serves
@@ -99,28 +119,31 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
 
     def __init__(self, config: Mapping[str, Any], *, control_plane: ControlPlane | None = None) -> None:
         settings = parse_config(config)
+        self._fork_guard = ForkGuard(f"TwoPhaseCommitProducer({settings.transactional_id!r})")
         self._transactional_id = settings.transactional_id
         self._two_pc_requested = settings.two_pc_requested
-        self._anchor_topic = settings.anchor_topic
-        self._anchor_topic_checked = False
         self._errors_only = settings.errors_only
-        self._config = settings.librdkafka
-        self._ctrl = control_plane or ControlPlane(self._config)
+        """``kafka2pc.delivery.reports=errors``: ``produce`` tells the anchoring where the transaction wrote."""
+        self._ctrl = control_plane or ControlPlane(settings.librdkafka)
         self._owns_ctrl = control_plane is None
         self._machine = StateMachine()
-        self._producer = None
-        self._producer_id = -1
-        self._epoch = -1
-        self._ids_stale = True
-        self._reset_anchor()
+        self._calls = LibrdkafkaCalls(self._transactional_id, self._machine)
+        self._anchoring = Anchoring(
+            transactional_id=self._transactional_id, machine=self._machine, calls=self._calls, ctrl=self._ctrl,
+            librdkafka=settings.librdkafka, errors_only=settings.errors_only, anchor_topic=settings.anchor_topic,
+        )
+        # The producer-level delivery callback (librdkafka's default for records sent without
+        # one; it calls the configuration's own ``on_delivery``): a record without a callback
+        # of its own carries no per-record Python object.
+        self._ending = Ending(
+            transactional_id=self._transactional_id, machine=self._machine, calls=self._calls, ctrl=self._ctrl,
+            librdkafka=settings.librdkafka,
+            delivery_callback=self._anchoring.delivery_callback(settings.default_callback),
+        )
         self._plain_init = False
-        self._prepared = None
+        """The last ``init_transactions`` was a plain one (it aborted what a previous instance left open)."""
+        self._prepared: PreparedTxnState | None = None
         self._last_settlement: Settlement | None = None
-        self._abort_doubtful = False
-        # The producer-level delivery callback (librdkafka's default for records sent
-        # without one; it calls the configuration's own ``on_delivery``): a record
-        # without a callback of its own carries no per-record Python object.
-        self._plain_delivery_callback = self._delivery_callback(settings.default_callback)
 
     # -- introspection --------------------------------------------------------
     @property
@@ -164,24 +187,26 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         :class:`BrokerUnavailableError`; a retriable answer (a coordinator
         still loading) is asked again until then.
         """
+        self._fork_guard.check()
         self._machine.check("init_transactions")
         deadline = deadline_after(timeout)
-        with self._bounded(deadline, "init_transactions"):
+        with bounded(self._ctrl, deadline, "init_transactions"):
             check_broker(self._ctrl, two_pc_requested=self._two_pc_requested)
         if keep_prepared_txn:
             self._machine.transition_to(TxnState.RECOVERING)
             return
-        self._start_producer(deadline)
+        self._ending.start_producer(deadline)
         self._plain_init = True
         self._machine.transition_to(TxnState.READY)
 
     def begin_transaction(self) -> None:
         """Start a transaction (no broker round trip)."""
+        self._fork_guard.check()
         self._machine.check("begin_transaction")
         self._plain_init = False
-        self._reset_anchor()
+        self._anchoring.reset()
         self._prepared = None
-        self._call(lambda p: p.begin_transaction(), "begin_transaction")
+        self._calls.call(lambda p: p.begin_transaction(), "begin_transaction")
         self._machine.transition_to(TxnState.IN_TRANSACTION)
 
     def produce(
@@ -219,27 +244,29 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
             renamed("TwoPhaseCommitProducer.produce(callback=...)", "on_delivery=")
             if on_delivery is None:
                 on_delivery = callback
+        if self._fork_guard.forked:  # one attribute read on the per-record path
+            raise self._fork_guard.error()
         self._machine.check("produce")
-        producer = self._require_producer()
+        producer = self._calls.require()
         if partition == -1 or timestamp == 0:
             renamed("produce(partition=-1, timestamp=0)", "partition=None, timestamp=None (the defaults)")
             partition = None if partition == -1 else partition
             timestamp = None if timestamp == 0 else timestamp
         if self._errors_only:
-            self._note_written(topic, partition)
+            self._anchoring.note_written(topic, partition)
         try:
             if on_delivery is None and partition is None and timestamp is None and headers is None:
                 producer.produce(topic, value, key)
             else:
                 producer.produce(
                     topic, value=value, key=key, partition=-1 if partition is None else partition,
-                    on_delivery=None if on_delivery is None else self._delivery_callback(on_delivery),
+                    on_delivery=None if on_delivery is None else self._anchoring.delivery_callback(on_delivery),
                     timestamp=0 if timestamp is None else timestamp, headers=headers,
                 )
         except BufferError as exc:
             raise QueueFullError(str(exc)) from exc
         except KafkaException as exc:
-            raise self._failed("produce", exc) from exc
+            raise self._calls.failed("produce", exc) from exc
 
     def produce_batch(
         self,
@@ -271,12 +298,13 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         records were queued (abort the transaction, or send the rest).  Any
         other error raises the translated kafka2pc error, as :meth:`produce`.
         """
+        self._fork_guard.check()
         self._machine.check("produce")
         if keys is not None and len(keys) != len(values):
             raise UsageError(f"produce_batch: {len(values)} values but {len(keys)} keys")
-        producer = self._require_producer()
+        producer = self._calls.require()
         if self._errors_only and values:
-            self._note_written(topic, partition)
+            self._anchoring.note_written(topic, partition)
         deadline = deadline_after(timeout)
         # One librdkafka produce call per record, in the tightest loop Python
         # allows: cheaper than confluent-kafka's Producer.produce_batch, which
@@ -308,10 +336,10 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
                         f"produce_batch({topic!r}): the local queue stayed full; {i} of {total} records "
                         "were queued", queued=i,
                     ) from None
-                self._call(lambda p: p.poll(0.01), "produce_batch")
+                self._calls.call(lambda p: p.poll(0.01), "produce_batch")
                 start = i
             except KafkaException as exc:
-                raise self._failed("produce_batch", exc) from exc
+                raise self._calls.failed("produce_batch", exc) from exc
             except TypeError as exc:  # records before i were queued, as with produce() per record
                 raise UsageError(f"produce_batch({topic!r}): record {i}: {exc}") from exc
         return total
@@ -322,7 +350,8 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         A fatal producer error (e.g. fenced by a newer instance) raises the
         translated kafka2pc error, never a raw ``KafkaException``.
         """
-        return int(self._call(lambda p: p.poll(timeout), "poll"))
+        self._fork_guard.check()
+        return int(self._calls.call(lambda p: p.poll(timeout), "poll"))
 
     def flush(self, timeout: float | None = None) -> int:
         """Wait for outstanding records, up to ``timeout`` seconds; return how many are still outstanding.
@@ -331,17 +360,14 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         (confluent-kafka's "no bound") is deprecated: it still waits without
         a bound, and warns.  Errors as :meth:`poll`.
         """
+        self._fork_guard.check()
         if timeout is not None and timeout < 0:
             renamed("flush(timeout=-1)", "flush(timeout=<seconds>) (None: DEFAULT_TIMEOUT_S)")
-        return self._flush(timeout)
-
-    def _flush(self, timeout: float | None) -> int:
-        """:meth:`flush` without the deprecation warning (the asyncio producer gives it on the loop)."""
         bound = DEFAULT_TIMEOUT_S if timeout is None else -1 if timeout < 0 else timeout
-        return int(self._call(lambda p: p.flush(bound), "flush"))
+        return int(self._calls.call(lambda p: p.flush(bound), "flush"))
 
     def __len__(self) -> int:
-        return len(self._producer) if self._producer is not None else 0
+        return self._calls.outstanding()
 
     def send_offsets_to_transaction(
         self, offsets: list[Any], group_metadata: Any, timeout: float | None = None
@@ -354,10 +380,11 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         created on first use), so that its :class:`PreparedTxnState` names it
         exactly.  A transaction with records pays nothing extra.
         """
+        self._fork_guard.check()
         self._machine.check("send_offsets_to_transaction")
-        self._offsets_sent = True  # set first: a call that times out may still have reached the broker
+        self._anchoring.note_offsets_sent()  # first: a call that times out may still have reached the broker
         args = (offsets, group_metadata) if timeout is None else (offsets, group_metadata, timeout)
-        self._call(lambda p: p.send_offsets_to_transaction(*args), "send_offsets_to_transaction")
+        self._calls.call(lambda p: p.send_offsets_to_transaction(*args), "send_offsets_to_transaction")
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTxnState:
         """Flush every record of the transaction and return its :class:`PreparedTxnState`.
@@ -378,22 +405,15 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         topic lookup, creating the topic if it is missing); one that sent
         nothing says so.
         """
+        self._fork_guard.check()
         self._machine.check("prepare_transaction")
         deadline = deadline_after(timeout)
-        self._flush_for_prepare(max(deadline - time.monotonic(), 0.0))
-        if self._anchor is None and self._offsets_sent and not self._marker_queued:
-            self._queue_marker(deadline)
-            self._flush_for_prepare(max(deadline - time.monotonic(), 0.0))
-        if self._ids_stale:
-            with self._bounded(deadline, "prepare_transaction"):
-                self._refresh_ids()
-        if self._anchor is None and self._written:
-            self._anchor = self._find_anchor(deadline)
-        anchor = self._anchor
-        if anchor is None and self._offsets_sent:  # pragma: no cover - a delivered marker sets the anchor
-            raise FatalError(f"prepare_transaction({self._transactional_id!r}): the marker record has no offset")
+        self._anchoring.flush_for_prepare(deadline)
+        self._ending.refresh_stale_ids(deadline)
+        producer_id, epoch = self._ending.ids
+        anchor = self._anchoring.anchor(deadline, producer_id, epoch)
         state = PreparedTxnState._build(
-            self._producer_id, self._epoch, self._transactional_id,
+            producer_id, epoch, self._transactional_id,
             None if anchor is None else TopicAndPartition(anchor[0], anchor[1]),
             -1 if anchor is None else anchor[2],
             sent_nothing=anchor is None,
@@ -412,11 +432,13 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         retry the call, or settle with ``complete_transaction(state)``; no new
         transaction starts before that.
         """
+        self._fork_guard.check()
         source = self._machine.check("commit_transaction")
-        if source is TxnState.RECOVERING or (source is TxnState.IN_DOUBT and self._producer is None):
-            self._settle_open(commit=True, timeout=timeout)
-            return
-        self._end_local(commit=True, timeout=timeout)
+        if source is TxnState.RECOVERING or (source is TxnState.IN_DOUBT and self._calls.current is None):
+            self._ending.settle_open(commit=True, timeout=timeout)
+        else:
+            self._ending.end_local(commit=True, timeout=timeout, prepared=self._prepared)
+        self._prepared = None
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the current transaction (or, when recovering, the one left open).
@@ -429,11 +451,13 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         (INVALID_TXN_STATE, fatal), what the coordinator holds open for this
         producer is aborted there before the error is raised.
         """
+        self._fork_guard.check()
         source = self._machine.check("abort_transaction")
-        if source is TxnState.RECOVERING or (source is TxnState.IN_DOUBT and self._producer is None):
-            self._settle_open(commit=False, timeout=timeout)
-            return
-        self._end_local(commit=False, timeout=timeout)
+        if source is TxnState.RECOVERING or (source is TxnState.IN_DOUBT and self._calls.current is None):
+            self._ending.settle_open(commit=False, timeout=timeout)
+        else:
+            self._ending.end_local(commit=False, timeout=timeout, prepared=self._prepared)
+        self._prepared = None
 
     def complete_transaction(self, state: PreparedTxnState, timeout: float | None = None) -> None:
         """Commit if ``state`` names the prepared transaction, else abort it (KIP-939).
@@ -449,6 +473,7 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         :data:`TIMEOUT_SLACK_S` (an unreachable cluster raises
         :class:`BrokerUnavailableError` and leaves the transaction as it was).
         """
+        self._fork_guard.check()
         if not isinstance(state, PreparedTxnState):
             raise UsageError(f"complete_transaction() takes a PreparedTxnState, not {type(state).__name__}")
         if self._plain_init and self._machine.state is TxnState.READY:
@@ -462,12 +487,12 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         source = self._machine.check("complete_transaction")
         state.check_transactional_id(self._transactional_id)
         if source is TxnState.PREPARED:
-            if state == self._prepared:
-                self._end_local(commit=True, timeout=timeout)
-            else:
+            commit = state == self._prepared
+            if not commit:
                 logger.info("%s: state %s is not the prepared %s: aborting", self._transactional_id,
                             state, self._prepared)
-                self._end_local(commit=False, timeout=timeout)
+            self._ending.end_local(commit=commit, timeout=timeout, prepared=self._prepared)
+            self._prepared = None
             return
         # Given a ``timeout``, the settlement and the re-initialisation that follows share
         # it.  Without one, the settlement is bounded by the control plane's own timeouts
@@ -482,7 +507,7 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
                 # waited for a third of the time left at most: the settlement then reports it
                 # unknown in time, instead of the call running out of time on every retry.
                 lso_wait_s = min(LSO_WAIT_S, max(0.0, (deadline - time.monotonic()) / 3))
-                with self._bounded(deadline, "complete_transaction"):
+                with bounded(self._ctrl, deadline, "complete_transaction"):
                     self._last_settlement = settle(self._ctrl, self._transactional_id, state, lso_wait_s=lso_wait_s)
         except IndefiniteOutcomeError:
             if source is not TxnState.IN_DOUBT:
@@ -490,12 +515,17 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
             raise
         except HeuristicOutcomeError:
             # A heuristic outcome is settled: fence and move on.
-            self._reinitialize(deadline_after(None) if deadline is None else deadline)
+            self._reinitialize(deadline)
             raise
         # Any other error (broker unavailable, authorization...) leaves the transaction
         # as it was: re-initialising now would abort a prepared transaction whose
         # commit was decided.  The caller retries complete_transaction.
-        self._reinitialize(deadline_after(None) if deadline is None else deadline)
+        self._reinitialize(deadline)
+
+    def _reinitialize(self, deadline: float | None) -> None:
+        """A fresh epoch after a settlement (``deadline`` ``None``: :data:`DEFAULT_TIMEOUT_S` from now)."""
+        self._ending.reinitialize(deadline_after(None) if deadline is None else deadline)
+        self._prepared = None
 
     def close(self, timeout: float | None = None) -> None:
         """Flush nothing, release the producer and the control plane connections.
@@ -505,17 +535,27 @@ class TwoPhaseCommitProducer(Anchoring, Ending):
         :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`, 30 s) and a transaction it
         still holds open is aborted, so the transactional id is handed back
         with nothing open.
+
+        In a child forked after the producer was made, ``close()`` returns at
+        once and sends nothing: it marks this copy closed and leaves the
+        inherited librdkafka producer and connections untouched (never
+        flushed, closed or destroyed: their threads live in the parent, which
+        keeps using them); they go away when the child exits.
         """
+        if self._fork_guard.forked:
+            abandon(self._calls.release(), self._ctrl if self._owns_ctrl else None)
+            if self._machine.state is not TxnState.CLOSED:
+                self._machine.transition_to(TxnState.CLOSED)
+            return
         if timeout is None:
             timeout = DEFAULT_CLOSE_TIMEOUT_S
-        if self._abort_doubtful and self._producer is not None and self.state is TxnState.READY:
-            self._end_left_open(deadline_after(timeout))
-        if self._producer is not None:
+        self._ending.end_doubtful_abort(deadline_after(timeout))
+        producer = self._calls.release()
+        if producer is not None:
             try:
-                self._producer.flush(0)
+                producer.flush(0)
             except KafkaException as exc:  # e.g. fenced: nothing left to deliver anyway
                 logger.debug("%s: close() ignored %s", self._transactional_id, exc)
-            self._producer = None
         if self._owns_ctrl:
             self._ctrl.close()
         if self._machine.state is not TxnState.CLOSED:

@@ -6,8 +6,9 @@ cluster that is restarting and wrong at the start of a job or a command
 pointed at the wrong address.  :func:`unreachable_reason` answers in
 milliseconds when every address is refused or cannot be resolved; an
 address that accepts a TCP connection (a healthy broker, or one still
-starting, which the kernel accepts for) ends the check at once.  The CLI
-(``kafka2pc.cli._probe``) and the Spark recipe's writes use it.
+starting, which the kernel accepts for) ends the check at once.  It is
+public core API (``kafka2pc.unreachable_reason``): the CLI and the Spark
+recipe's writes run it before their first Kafka request, and so can any job.
 """
 
 from __future__ import annotations
@@ -61,10 +62,20 @@ def _try(host: str, port: int, deadline: float, bound: str) -> str | None:
 def unreachable_reason(bootstrap_servers: str, timeout_s: float, *, bound: str | None = None) -> str | None:
     """Why no bootstrap address accepts a TCP connection (each address named), or ``None`` if one does.
 
-    Blocks at most ``timeout_s`` (DNS and connects together); ``bound`` is
-    how messages name that limit (default ``"<timeout_s> s"``).  An address
-    that is not ``host:port`` ends the check with ``None``: the client
-    reports it.
+    A pre-flight before a job's or a command's first Kafka request: a wrong
+    address or a cluster that is down is told in milliseconds, where a Kafka
+    client would wait out its whole timeout.  Only TCP is tried (no Kafka
+    request, no TLS handshake): ``None`` does not mean the cluster is
+    healthy.  Blocks at most ``timeout_s`` (DNS and connects together);
+    ``bound`` is how messages name that limit (default ``"<timeout_s> s"``).
+    An address that is not ``host:port`` ends the check with ``None``: the
+    client reports it.
+
+    Example::
+
+        reason = kafka2pc.unreachable_reason("kafka-1:9092,kafka-2:9092", 5.0)
+        if reason is not None:
+            raise SystemExit(f"Kafka is unreachable: {reason}")
     """
     deadline = time.monotonic() + timeout_s
     limit = bound if bound is not None else f"{timeout_s:g} s"

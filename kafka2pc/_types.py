@@ -8,12 +8,14 @@ recipes never have to import either library's structs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from kafka2pc._deprecation import deprecated_property
 
 __all__ = [
     "OPEN_STATES",
     "InitProducerIdResult",
+    "OnHeuristic",
     "PartitionLag",
     "ProducerState",
     "TopicAndPartition",
@@ -49,7 +51,8 @@ class TransactionDescription:
     ``PrepareCommit``, ``PrepareAbort``, ``CompleteCommit``, ``CompleteAbort``,
     ``Dead`` or ``PrepareEpochFence``.  ``start_time_ms`` is ``-1`` when no
     transaction has started.  ``partitions`` are the partitions the *current*
-    transaction has added (empty once it completed).
+    transaction has added (empty once it completed).  ``timeout_ms`` is the
+    coordinator's value in its unit; :attr:`timeout_s` is the same in seconds.
     """
 
     transactional_id: str
@@ -60,6 +63,11 @@ class TransactionDescription:
     start_time_ms: int
     partitions: tuple[TopicAndPartition, ...]
     coordinator_id: int
+
+    @property
+    def timeout_s(self) -> float:
+        """The transaction timeout in seconds (``timeout_ms``, the coordinator's wire value, divided by 1000)."""
+        return self.timeout_ms / 1000
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,19 @@ class InitProducerIdResult:
 
 OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
 """The coordinator states of a transaction that is neither committed nor aborted."""
+
+OnHeuristic = Literal["raise", "report", "acknowledge"]
+OnHeuristic.__doc__ = """What a settlement does when Kafka aborted the transaction a prepared state names.
+
+That is a heuristic outcome.  The one policy of every settling call (:meth:`TransactionAdmin.complete_transaction`,
+:meth:`TransactionAdmin.settle_many`, their asyncio twins, and the dual-write
+recipe's ``recover``).  ``"raise"`` (the default everywhere): raise
+:class:`HeuristicOutcomeError`.  ``"report"``: return it (in the
+:class:`Settlement`, or the recipe's ``RecoveryResult``) and raise nothing.
+``"acknowledge"``: report it, and let the owner of the stored prepared state
+clear it (the dual-write recipe clears its state row); an admin, which stores
+no state, reports it as ``"report"`` does.
+"""
 
 
 @dataclass(frozen=True)

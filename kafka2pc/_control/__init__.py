@@ -56,17 +56,17 @@ from kafka2pc._control._config import (  # noqa: E402 - after the version check
     librdkafka_connection_config,
 )
 from kafka2pc._control._plane import (
+    DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_FENCE_TRANSACTION_TIMEOUT_MS,
     DEFAULT_REQUEST_TIMEOUT_S,
-    DEFAULT_TIMEOUT_S,
     ControlPlane,
     fence_transaction_timeout_ms,
 )
 
 __all__ = [
+    "DEFAULT_CONTROL_TIMEOUT_S",
     "DEFAULT_FENCE_TRANSACTION_TIMEOUT_MS",
     "DEFAULT_REQUEST_TIMEOUT_S",
-    "DEFAULT_TIMEOUT_S",
     "ConnectionSettings",
     "ControlPlane",
     "connection_settings",

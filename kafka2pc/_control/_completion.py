@@ -1,4 +1,10 @@
-"""Ending and fencing transactions at the coordinator: EndTxn and InitProducerId (a mixin of ``ControlPlane``)."""
+"""Ending and fencing transactions at the coordinator: EndTxn and InitProducerId.
+
+:class:`Completion` is a collaborator of :class:`~kafka2pc._control.ControlPlane`:
+it holds the plane's :class:`~kafka2pc._control._session.Session` (the
+connection) and owns nothing else; the plane's ``end_txn``,
+``init_producer_id`` and ``fence`` are its methods.
+"""
 
 from __future__ import annotations
 
@@ -54,8 +60,11 @@ class _InvalidTxnState(Exception):
         self.code = code
 
 
-class Completion(Session):
+class Completion:
     """EndTxn (commit, abort, KIP-939's prepared states) and InitProducerId (a new epoch, fencing)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
 
     def end_txn(
         self,
@@ -104,12 +113,12 @@ class Completion(Session):
         decision = "commit" if commit else "abort"
         decided = "committed" if commit else "aborted"
         context = f"EndTxn({decision}) for {transactional_id!r} producer_id={producer_id} epoch={producer_epoch}"
-        deadline = self._call_deadline(timeout)
+        deadline = self._session.call_deadline(timeout)
 
         async def attempt(admin: KafkaAdminClient, coordinator: int) -> None:
             request = protocol.end_txn(transactional_id, producer_id, producer_epoch, commit=commit)
             try:
-                response = await self._send(admin, request, coordinator, deadline, context)
+                response = await self._session.send(admin, request, coordinator, deadline, context)
             except kafka_errors.NodeNotReadyError:
                 raise Retry(WireError.COORDINATOR_NOT_AVAILABLE, re_resolve=True) from None  # never sent
             except kafka_errors.IncompatibleBrokerVersion:
@@ -136,7 +145,7 @@ class Completion(Session):
                     deadline,
                 )
 
-        self._on_coordinator(transactional_id, context, deadline, go)
+        self._session.on_coordinator(transactional_id, context, deadline, go)
 
     async def _explain_invalid_txn_state(
         self,
@@ -151,8 +160,8 @@ class Completion(Session):
     ) -> None:
         """INVALID_TXN_STATE from EndTxn: was it settled the other way?"""
         prepare_state, complete_state, outcome = _OPPOSITE_OUTCOME_STATES[commit]
-        coordinator = await self._coordinator(admin, transactional_id, False, deadline)
-        response = await self._send(
+        coordinator = await self._session.coordinator(admin, transactional_id, False, deadline)
+        response = await self._session.send(
             admin, protocol.describe_transactions(transactional_id), coordinator, deadline, context
         )
         for txn in response.transaction_states:
@@ -209,7 +218,7 @@ class Completion(Session):
             f"InitProducerId for {transactional_id!r}"
             f" (keepPreparedTxn={keep_prepared_txn}, enable2Pc={enable_2pc})"
         )
-        deadline = self._call_deadline(timeout)
+        deadline = self._session.call_deadline(timeout)
 
         async def attempt(admin: KafkaAdminClient, coordinator: int) -> InitProducerIdResult:
             request = protocol.init_producer_id(
@@ -219,7 +228,7 @@ class Completion(Session):
                 enable_2pc=enable_2pc,
             )
             try:
-                response = await self._send(admin, request, coordinator, deadline, context)
+                response = await self._session.send(admin, request, coordinator, deadline, context)
             except kafka_errors.IncompatibleBrokerVersion as exc:
                 raise UnsupportedBrokerError(
                     f"{context}: the transaction coordinator (broker {coordinator}) does not "
@@ -244,7 +253,7 @@ class Completion(Session):
                 ongoing_txn_epoch=int(getattr(response, "ongoing_txn_producer_epoch", -1)),
             )
 
-        result = self._on_coordinator(transactional_id, context, deadline, attempt)
+        result = self._session.on_coordinator(transactional_id, context, deadline, attempt)
         log.info("%s: producer_id=%d epoch=%d", context, result.producer_id, result.producer_epoch)
         return result
 

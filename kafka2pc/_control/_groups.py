@@ -84,42 +84,42 @@ def offsets_partition(group_id: str, partition_count: int) -> int:
 def consumer_offsets_partition_count(session: Session, *, timeout: float | None = None) -> int:
     """How many partitions ``__consumer_offsets`` has (Metadata; 0 if the topic does not exist yet)."""
     context = f"Metadata for {CONSUMER_OFFSETS_TOPIC}"
-    deadline = session._call_deadline(timeout)
+    deadline = session.call_deadline(timeout)
 
     async def go(admin: KafkaAdminClient) -> int:
-        response = await session._send(admin, protocol.metadata(CONSUMER_OFFSETS_TOPIC), None, deadline, context)
+        response = await session.send(admin, protocol.metadata(CONSUMER_OFFSETS_TOPIC), None, deadline, context)
         for topic in response.topics:
             if topic.name == CONSUMER_OFFSETS_TOPIC and not topic.error_code:
                 return len(topic.partitions)
         return 0
 
-    return session._run(context, deadline, go)
+    return session.run(context, deadline, go)
 
 
-def pending_offset_groups(session: ControlPlane, *, timeout: float | None = None) -> dict[str, list[TopicPartition]]:
+def pending_offset_groups(plane: ControlPlane, *, timeout: float | None = None) -> dict[str, list[TopicPartition]]:
     """Per consumer group with offsets pending in an open transaction: the partitions whose offsets are pending."""
     from kafka2pc._control._lag import held_back_partitions
 
     context = "ListGroups / OffsetFetch (require_stable)"
-    deadline = session._call_deadline(timeout)
-    with session.deadline(deadline.remaining()):
-        held = {lag.partition for lag in held_back_partitions(session, topics=[CONSUMER_OFFSETS_TOPIC])}
+    deadline = plane.session.call_deadline(timeout)
+    with plane.deadline(deadline.remaining()):
+        held = {lag.partition for lag in held_back_partitions(plane, topics=[CONSUMER_OFFSETS_TOPIC])}
         if not held:
             return {}
-        count = consumer_offsets_partition_count(session)
+        count = consumer_offsets_partition_count(plane.session)
 
     async def go(admin: KafkaAdminClient) -> dict[str, list[TopicPartition]]:
         brokers = compat.broker_ids(admin)
         groups: set[str] = set()
         for node_id in brokers:
-            response = await session._send(admin, ListGroupsRequest(max_version=4), node_id, deadline, context)
+            response = await plane.session.send(admin, ListGroupsRequest(max_version=4), node_id, deadline, context)
             if response.error_code:
                 raise translate_kafka_python_error(response.error_code, f"ListGroups on broker {node_id}")
             groups.update(str(g.group_id) for g in response.groups)
         candidates = sorted(g for g in groups if count and offsets_partition(g, count) in held)
         if not candidates:
             return {}
-        metadata = await session._send(admin, protocol.metadata(None), None, deadline, context, label="ListTopics")
+        metadata = await plane.session.send(admin, protocol.metadata(None), None, deadline, context, label="ListTopics")
         topics = [
             OffsetFetchRequest.OffsetFetchRequestTopic(
                 name=str(t.name), partition_indexes=sorted(int(p.partition_index) for p in t.partitions))
@@ -131,7 +131,7 @@ def pending_offset_groups(session: ControlPlane, *, timeout: float | None = None
             for node_id in brokers:
                 request = OffsetFetchRequest(group_id=group_id, topics=topics, require_stable=True,
                                              min_version=7, max_version=7)
-                response = await session._send(admin, request, node_id, deadline, context)
+                response = await plane.session.send(admin, request, node_id, deadline, context)
                 if response.error_code in _ASK_ANOTHER_BROKER:
                     continue
                 if response.error_code not in (WireError.NONE, UNSTABLE_OFFSET_COMMIT):
@@ -147,7 +147,7 @@ def pending_offset_groups(session: ControlPlane, *, timeout: float | None = None
                 break
         return pending
 
-    return session._run(context, deadline, go)
+    return plane.session.run(context, deadline, go)
 
 
 PENDING_READ_MAX_BYTES = 16 << 20
@@ -163,7 +163,7 @@ def _offset_commit_group(key: bytes | None) -> str | None:
 
 
 def pending_offset_holders(
-    session: ControlPlane, group_ids: Collection[str], *, timeout: float | None = None
+    plane: ControlPlane, group_ids: Collection[str], *, timeout: float | None = None
 ) -> dict[str, list[int]]:
     """Per group: the producer ids whose open transaction holds pending offsets of the group.
 
@@ -179,9 +179,9 @@ def pending_offset_holders(
     from kafka.record.memory_records import MemoryRecords
 
     context = "Fetch of __consumer_offsets (pending offsets)"
-    deadline = session._call_deadline(timeout)
-    with session.deadline(deadline.remaining()):
-        count = consumer_offsets_partition_count(session)
+    deadline = plane.session.call_deadline(timeout)
+    with plane.deadline(deadline.remaining()):
+        count = consumer_offsets_partition_count(plane.session)
         if count <= 0:
             return {}
         by_partition: dict[int, set[str]] = {}
@@ -191,14 +191,14 @@ def pending_offset_holders(
         for partition, groups in sorted(by_partition.items()):
             tp = TopicPartition(CONSUMER_OFFSETS_TOPIC, partition)
             open_here = {p.producer_id: p.current_txn_start_offset
-                         for p in session.describe_producers(tp) if p.current_txn_start_offset >= 0}
+                         for p in plane.describe_producers(tp) if p.current_txn_start_offset >= 0}
             if not open_here:
                 continue
-            _, _, end = session.partition_offsets(tp)
+            _, _, end = plane.partition_offsets(tp)
             offset, read = min(open_here.values()), 0
             found: dict[str, set[int]] = {g: set() for g in groups}
             while offset < end and read < PENDING_READ_MAX_BYTES:
-                data = _fetch(session, tp, offset, deadline, context)
+                data = _fetch(plane, tp, offset, deadline, context)
                 if not data:
                     break
                 read += len(data)
@@ -219,7 +219,7 @@ def pending_offset_holders(
         return holders
 
 
-def _fetch(session: ControlPlane, tp: TopicPartition, offset: int, deadline: Any, context: str) -> bytes:
+def _fetch(plane: ControlPlane, tp: TopicPartition, offset: int, deadline: Any, context: str) -> bytes:
     """The record bytes of ``tp`` from ``offset`` (one Fetch to its leader, ``READ_UNCOMMITTED``)."""
     from kafka.protocol.consumer.fetch import FetchRequest
 
@@ -233,11 +233,11 @@ def _fetch(session: ControlPlane, tp: TopicPartition, offset: int, deadline: Any
     )
 
     async def attempt(admin: KafkaAdminClient, leader: int) -> bytes:
-        response = await session._send(admin, request, leader, deadline, context)
+        response = await plane.session.send(admin, request, leader, deadline, context)
         for topic in response.responses:
             for partition in topic.partitions:
                 check_code(Route.LEADER, int(partition.error_code), context)
                 return bytes(partition.records or b"")
         return b""
 
-    return session._on_leader(tp, context, deadline, attempt)
+    return plane.session.on_leader(tp, context, deadline, attempt)

@@ -41,10 +41,10 @@ if TYPE_CHECKING:
 __all__ = ["held_back_partitions", "leaders"]
 
 
-async def leaders(session: ControlPlane, admin: KafkaAdminClient, deadline: Any, context: str,
+async def leaders(plane: ControlPlane, admin: KafkaAdminClient, deadline: Any, context: str,
                   topics: Collection[str] | None) -> dict[TopicPartition, int]:
     """Each partition's leader (``-1``: none now), for every topic or those named."""
-    response = await session._send(admin, protocol.metadata(None), None, deadline, context, label="ListTopics")
+    response = await plane.session.send(admin, protocol.metadata(None), None, deadline, context, label="ListTopics")
     found: dict[TopicPartition, int] = {}
     for topic in response.topics:
         name = str(topic.name)
@@ -93,30 +93,31 @@ def _offsets(response: Any) -> tuple[dict[TopicPartition, int], set[TopicPartiti
 
 
 def held_back_partitions(
-    session: ControlPlane, *, topics: Collection[str] | None = None, timeout: float | None = None
+    plane: ControlPlane, *, topics: Collection[str] | None = None, timeout: float | None = None
 ) -> list[PartitionLag]:
     """Partitions (of every topic, or of ``topics``) whose LSO is below the high watermark, sorted.
 
     The partitions whose leader answered with an error are asked again one by
-    one (``session.partition_offsets``); a topic deleted meanwhile is skipped.
+    one (``plane.partition_offsets``); a topic deleted meanwhile is skipped.
     """
     context = "Metadata / ListOffsets of every partition"
-    deadline = session._call_deadline(timeout)
+    deadline = plane.session.call_deadline(timeout)
 
     async def go(admin: KafkaAdminClient) -> tuple[dict[TopicPartition, tuple[int, int]], set[TopicPartition]]:
         by_leader: dict[int, list[TopicPartition]] = defaultdict(list)
         retry: set[TopicPartition] = set()
-        for tp, leader in (await leaders(session, admin, deadline, context, topics)).items():
+        for tp, leader in (await leaders(plane, admin, deadline, context, topics)).items():
             if leader < 0:
                 retry.add(tp)
             else:
                 by_leader[leader].append(tp)
         pairs: dict[TopicPartition, tuple[int, int]] = {}
         for leader, tps in sorted(by_leader.items()):
-            committed = await session._send(admin, _list_offsets(tps, protocol.ISOLATION_READ_COMMITTED), leader,
-                                            deadline, f"{context} (broker {leader})")
-            uncommitted = await session._send(admin, _list_offsets(tps, protocol.ISOLATION_READ_UNCOMMITTED), leader,
-                                              deadline, f"{context} (broker {leader})")
+            send = plane.session.send
+            committed = await send(admin, _list_offsets(tps, protocol.ISOLATION_READ_COMMITTED), leader,
+                                   deadline, f"{context} (broker {leader})")
+            uncommitted = await send(admin, _list_offsets(tps, protocol.ISOLATION_READ_UNCOMMITTED), leader,
+                                     deadline, f"{context} (broker {leader})")
             lso, failed_lso = _offsets(committed)
             hw, failed_hw = _offsets(uncommitted)
             retry |= failed_lso | failed_hw
@@ -125,10 +126,10 @@ def held_back_partitions(
                     pairs[tp] = (lso[tp], hw[tp])
         return pairs, retry - set(pairs)
 
-    pairs, retry = session._run(context, deadline, go)
+    pairs, retry = plane.session.run(context, deadline, go)
     for tp in sorted(retry):
         try:
-            _, lso, hw = session.partition_offsets(tp, timeout=deadline.remaining())
+            _, lso, hw = plane.partition_offsets(tp, timeout=deadline.remaining())
         except KafkaTransactionError as exc:
             if exc.error_code == WireError.UNKNOWN_TOPIC_OR_PARTITION:
                 continue  # deleted since the metadata was read: it holds nothing back any more

@@ -1,8 +1,12 @@
 """``ControlPlane``: requests straight to the transaction coordinator and partition leaders.
 
 What each request means, and what the broker answers, is documented on the
-methods (ending and fencing transactions: :mod:`._completion`); the connection, deadlines and routing are
-:mod:`._session`; how a
+methods.  :class:`ControlPlane` holds two collaborators: a
+:class:`~kafka2pc._control._session.Session` (the connection, deadlines,
+routing and the request counts) and a
+:class:`~kafka2pc._control._completion.Completion` (ending and fencing
+transactions, on the same session); it owns only its cached capability
+answer.  How a
 request is retried is :mod:`._retry`; how it is encoded is :mod:`._protocol`;
 kafka-python's internals are in :mod:`._kafka_python`; the ``read_committed``
 outcome probe is :mod:`._outcome_probe`.  This module decides nothing about recovery (what
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import kafka.errors as kafka_errors
@@ -32,8 +37,9 @@ from kafka2pc._control._completion import (
 from kafka2pc._control._outcome_probe import read_committed_outcome
 from kafka2pc._control._retry import Deadline, Route, check_code
 from kafka2pc._control._session import (
+    DEFAULT_CONTROL_TIMEOUT_S,
     DEFAULT_REQUEST_TIMEOUT_S,
-    DEFAULT_TIMEOUT_S,
+    Session,
     on_topic,
     on_txn_id,
 )
@@ -43,6 +49,7 @@ from kafka2pc._exceptions import (
     UsageError,
 )
 from kafka2pc._types import (
+    InitProducerIdResult,
     ProducerState,
     TopicPartition,
     TransactionDescription,
@@ -50,9 +57,9 @@ from kafka2pc._types import (
 )
 
 __all__ = [
+    "DEFAULT_CONTROL_TIMEOUT_S",
     "DEFAULT_FENCE_TRANSACTION_TIMEOUT_MS",
     "DEFAULT_REQUEST_TIMEOUT_S",
-    "DEFAULT_TIMEOUT_S",
     "ControlPlane",
     "fence_transaction_timeout_ms",
 ]
@@ -63,7 +70,7 @@ _PROBE_TRANSACTIONAL_ID = "kafka2pc-capability-probe"
 _ON_CLUSTER = "DESCRIBE_CONFIGS on the Cluster"
 
 
-class ControlPlane(Completion):
+class ControlPlane:
     """A client for the transaction coordinator and partition leaders.
 
     Construct it with the same confluent-kafka style config as the producer
@@ -85,9 +92,12 @@ class ControlPlane(Completion):
         *,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_retries: int = 20,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
+        timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
     ) -> None:
-        super().__init__(config, request_timeout_s=request_timeout_s, max_retries=max_retries, timeout_s=timeout_s)
+        self._session = Session(
+            config, request_timeout_s=request_timeout_s, max_retries=max_retries, timeout_s=timeout_s
+        )
+        self._completion = Completion(self._session)
         self._keep_prepared_supported: bool | None = None
 
     def __enter__(self) -> ControlPlane:
@@ -95,6 +105,107 @@ class ControlPlane(Completion):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    # -- the connection (the session's) -----------------------------------------
+
+    @property
+    def session(self) -> Session:
+        """The connection every call of this plane goes through (for kafka2pc's own request modules)."""
+        return self._session
+
+    @property
+    def timeout_s(self) -> float:
+        """The bound of a call given no ``timeout`` (outside any :meth:`deadline` block)."""
+        return self._session.timeout_s
+
+    def close(self) -> None:
+        """Close the connections (idempotent)."""
+        self._session.close()
+
+    def deadline(self, timeout_s: float | None) -> AbstractContextManager[Deadline]:
+        """Bound every call made by this thread inside the block to end within ``timeout_s`` from now.
+
+        ``None`` means the plane's ``timeout_s``.  A block inside another, or a
+        call's own ``timeout``, can only make the bound earlier.  This is how
+        a caller that makes several calls (recovery: describe, then
+        DescribeProducers, then EndTxn...) holds all of them to one timeout.
+        """
+        return self._session.deadline(timeout_s)
+
+    @property
+    def requests_sent(self) -> dict[str, int]:
+        """Requests sent so far by API name (``{"EndTxn": 1, ...}``), a copy.
+
+        Counts what kafka2pc itself asks of the cluster (not kafka-python's
+        connection bootstrap or its periodic metadata refresh); a
+        ``record_outcome`` read_committed probe counts as ``"OutcomeProbe"`` and
+        a topic listing as ``"ListTopics"``.  Lets tests and benchmarks check that a producer's steady-state
+        transactions cost no control-plane round trip.
+        """
+        return self._session.requests_sent
+
+    def wire_requests_written(self) -> int:
+        """Every request written on the control plane's connections so far, kafka-python's own included.
+
+        Unlike :attr:`requests_sent` this counts the client's bootstrap and
+        its periodic metadata refresh too (``0`` before the first call).
+        Benchmarks use it to show the steady state costs no round trip at all.
+        """
+        return self._session.wire_requests_written()
+
+    # -- ending and fencing (the completion's) ------------------------------------
+
+    def end_txn(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        *,
+        commit: bool,
+        timeout: float | None = None,
+    ) -> None:
+        """Commit or abort the transaction open under ``{producer_id, epoch}`` (EndTxn, at most v4).
+
+        See :meth:`~kafka2pc._control._completion.Completion.end_txn` for what
+        each answer means: a retry of the same decision succeeds, the opposite
+        one after completion raises :class:`HeuristicOutcomeError`, no answer
+        in time raises :class:`IndefiniteOutcomeError`.
+        """
+        self._completion.end_txn(transactional_id, producer_id, producer_epoch, commit=commit, timeout=timeout)
+
+    def init_producer_id(
+        self,
+        transactional_id: str,
+        *,
+        transaction_timeout_ms: int,
+        keep_prepared_txn: bool = False,
+        enable_2pc: bool = False,
+        timeout: float | None = None,
+    ) -> InitProducerIdResult:
+        """InitProducerId for ``transactional_id`` (KIP-939 fields when asked).
+
+        Without ``keep_prepared_txn`` it is KIP-939's ``forceTerminateTransaction``:
+        the coordinator aborts any open transaction and bumps the epoch.  See
+        :meth:`~kafka2pc._control._completion.Completion.init_producer_id`.
+        """
+        return self._completion.init_producer_id(
+            transactional_id, transaction_timeout_ms=transaction_timeout_ms, keep_prepared_txn=keep_prepared_txn,
+            enable_2pc=enable_2pc, timeout=timeout,
+        )
+
+    def fence(
+        self,
+        transactional_id: str,
+        description: TransactionDescription | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> InitProducerIdResult:
+        """Abort whatever is open under ``transactional_id`` and bump its epoch (fences old instances).
+
+        InitProducerId without KIP-939 fields, with the transaction timeout
+        :func:`fence_transaction_timeout_ms` picks from ``description``.
+        """
+        return self._completion.fence(transactional_id, description, timeout=timeout)
 
 
     # -- metadata --------------------------------------------------------------
@@ -106,7 +217,7 @@ class ControlPlane(Completion):
         strings.  Unknown API keys are named by number.
         """
         context = "ApiVersions"
-        admin = self._client(self._call_deadline(timeout), context)
+        admin = self._session.client(self._session.call_deadline(timeout), context)
         versions = compat.advertised_api_versions(admin)
         if versions is None:
             raise translate_kafka_python_error(
@@ -126,10 +237,10 @@ class ControlPlane(Completion):
         """
         wanted = list(names)
         context = "DescribeConfigs"
-        deadline = self._call_deadline(timeout)
+        deadline = self._session.call_deadline(timeout)
 
         async def attempt(admin: KafkaAdminClient, node_id: int, cap_ms: int) -> dict[str, str]:
-            response = await self._send(admin, protocol.describe_configs(node_id, wanted), node_id, deadline,
+            response = await self._session.send(admin, protocol.describe_configs(node_id, wanted), node_id, deadline,
                                         context, cap_ms=cap_ms)
             values: dict[str, str] = {}
             for result in response.results:
@@ -142,18 +253,19 @@ class ControlPlane(Completion):
                         values[entry.name] = entry.value
             return values
 
-        return self._on_any_broker(context, deadline, attempt)
+        return self._session.on_any_broker(context, deadline, attempt)
 
     def topic_names(self, *, timeout: float | None = None) -> list[str]:
         """Names of every topic in the cluster (used to resolve digest-stored anchor topics)."""
         context = "listing topics"
-        deadline = self._call_deadline(timeout)
+        deadline = self._session.call_deadline(timeout)
 
         async def go(admin: KafkaAdminClient) -> list[str]:
-            response = await self._send(admin, protocol.metadata(None), None, deadline, context, label="ListTopics")
+            response = await self._session.send(admin, protocol.metadata(None), None, deadline, context,
+                                                label="ListTopics")
             return sorted(str(topic.name) for topic in response.topics if not topic.error_code)
 
-        return self._run(context, deadline, go)
+        return self._session.run(context, deadline, go)
 
     # -- transactions ----------------------------------------------------------
 
@@ -166,10 +278,10 @@ class ControlPlane(Completion):
         producer, or it expired (``transactional.id.expiration.ms``).
         """
         context = f"DescribeTransactions for {transactional_id!r}"
-        deadline = self._call_deadline(timeout)
+        deadline = self._session.call_deadline(timeout)
 
         async def attempt(admin: KafkaAdminClient, coordinator: int) -> TransactionDescription | None:
-            response = await self._send(
+            response = await self._session.send(
                 admin, protocol.describe_transactions(transactional_id), coordinator, deadline, context
             )
             for txn in response.transaction_states:
@@ -196,7 +308,7 @@ class ControlPlane(Completion):
                 kafka_errors.KafkaProtocolError("no entry for the transactional id in the answer"), context
             )
 
-        return self._on_coordinator(transactional_id, context, deadline, attempt)
+        return self._session.on_coordinator(transactional_id, context, deadline, attempt)
 
     def describe_producers(self, tp: TopicPartition, *, timeout: float | None = None) -> list[ProducerState]:
         """Active producers on ``tp``, asked of the partition leader.
@@ -205,10 +317,10 @@ class ControlPlane(Completion):
         that transaction's first record on ``tp`` (``current_txn_start_offset``).
         """
         context = f"DescribeProducers for {tp.topic}-{tp.partition}"
-        deadline = self._call_deadline(timeout)
+        deadline = self._session.call_deadline(timeout)
 
         async def attempt(admin: KafkaAdminClient, leader: int) -> list[ProducerState]:
-            response = await self._send(admin, protocol.describe_producers(tp.topic, tp.partition), leader,
+            response = await self._session.send(admin, protocol.describe_producers(tp.topic, tp.partition), leader,
                                         deadline, context)
             for topic in response.topics:
                 for partition in topic.partitions:
@@ -230,7 +342,7 @@ class ControlPlane(Completion):
                 kafka_errors.KafkaProtocolError("no entry for the partition in the answer"), context
             )
 
-        return self._on_leader(tp, context, deadline, attempt)
+        return self._session.on_leader(tp, context, deadline, attempt)
 
     def abort_partition_transaction(
         self,
@@ -254,18 +366,18 @@ class ControlPlane(Completion):
         ClusterAction on the Cluster.
         """
         context = f"WriteTxnMarkers (abort) for producer {producer_id}/{producer_epoch} on {tp.topic}-{tp.partition}"
-        deadline = self._call_deadline(timeout)
+        deadline = self._session.call_deadline(timeout)
         request = protocol.abort_markers(tp.topic, tp.partition, producer_id, producer_epoch, coordinator_epoch)
 
         async def attempt(admin: KafkaAdminClient, leader: int) -> None:
-            response = await self._send(admin, request, leader, deadline, context)
+            response = await self._session.send(admin, request, leader, deadline, context)
             for result in response.markers:
                 for topic in result.topics:
                     for partition in topic.partitions:
                         check_code(Route.LEADER, int(partition.error_code), context,
                                    needs="CLUSTER_ACTION on the Cluster")
 
-        self._on_leader(tp, context, deadline, attempt)
+        self._session.on_leader(tp, context, deadline, attempt)
         log.warning("%s: done", context)
 
     def list_transactions(
@@ -278,13 +390,13 @@ class ControlPlane(Completion):
         (Kafka 3.8+); an older broker raises :class:`UnsupportedBrokerError`.
         """
         context = "ListTransactions"
-        deadline = self._call_deadline(timeout)
+        deadline = self._session.call_deadline(timeout)
 
         async def go(admin: KafkaAdminClient) -> list[TransactionListing]:
             listings: list[TransactionListing] = []
             for node_id in compat.broker_ids(admin):
                 request = protocol.list_transactions(states, min_duration_ms)
-                response = await self._send(admin, request, node_id, deadline, context)
+                response = await self._session.send(admin, request, node_id, deadline, context)
                 if response.error_code:
                     raise translate_kafka_python_error(response.error_code, f"{context} on broker {node_id}")
                 listings.extend(
@@ -297,7 +409,7 @@ class ControlPlane(Completion):
                 )
             return sorted(listings, key=lambda t: t.transactional_id)
 
-        return self._run(context, deadline, go)
+        return self._session.run(context, deadline, go)
 
     def supports_keep_prepared_txn(self, *, timeout: float | None = None) -> bool:
         """Can the cluster keep a prepared transaction across a restart (KIP-939)?
@@ -360,8 +472,8 @@ class ControlPlane(Completion):
             if lso <= offset:
                 log.info("%s: last stable offset %d not past it -> ongoing", context, lso)
                 return "ongoing"
-            self._requests["OutcomeProbe"] += 1
-            outcome = read_committed_outcome(self._librdkafka, tp, offset, deadline, context)
+            self._session.count("OutcomeProbe")
+            outcome = read_committed_outcome(self._session.librdkafka, tp, offset, deadline, context)
         log.info("%s: %s (log start %d, LSO %d)", context, outcome, log_start, lso)
         return outcome
 
@@ -372,14 +484,14 @@ class ControlPlane(Completion):
         transaction holds back from ``read_committed`` consumers.
         """
         context = f"offsets of {tp.topic}-{tp.partition}"
-        return self._offset_triple(tp, context, self._call_deadline(timeout), high_watermark=True)
+        return self._offset_triple(tp, context, self._session.call_deadline(timeout), high_watermark=True)
 
     def _offset_triple(
         self, tp: TopicPartition, context: str, deadline: Deadline, *, high_watermark: bool
     ) -> tuple[int, int, int]:
         async def list_offset(admin: KafkaAdminClient, leader: int, timestamp: int, isolation: int) -> int:
             request = protocol.list_offsets(tp.topic, tp.partition, timestamp, isolation)
-            response = await self._send(admin, request, leader, deadline, context)
+            response = await self._session.send(admin, request, leader, deadline, context)
             for topic in response.topics:
                 for partition in topic.partitions:
                     check_code(Route.LEADER, int(partition.error_code), context, needs=on_topic("DESCRIBE", tp.topic))
@@ -398,4 +510,4 @@ class ControlPlane(Completion):
                 else -1,
             )
 
-        return self._on_leader(tp, context, deadline, attempt)
+        return self._session.on_leader(tp, context, deadline, attempt)

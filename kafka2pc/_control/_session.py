@@ -5,7 +5,9 @@ user's confluent-kafka config once (:mod:`._config`), connects lazily within
 the caller's deadline, runs coroutines on kafka-python's IO thread
 (:mod:`._kafka_python`), and sends a request to the transaction coordinator
 or a partition leader with :mod:`._retry`'s routine.  The calls themselves
-(what to send, what the answer means) are :class:`kafka2pc._control.ControlPlane`'s.
+(what to send, what the answer means) are :class:`kafka2pc._control.ControlPlane`'s
+and :class:`kafka2pc._control._completion.Completion`'s, which hold a session
+and use only the methods without a leading underscore here.
 """
 
 from __future__ import annotations
@@ -32,16 +34,17 @@ from kafka2pc._control._retry import (
 )
 from kafka2pc._errors import WireError, translate_kafka_python_error
 from kafka2pc._exceptions import Kafka2pcError, UsageError
+from kafka2pc._fork import ForkGuard
 from kafka2pc._logging import quiet_kafka_python
 from kafka2pc._types import TopicPartition
 
-__all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "Session", "on_topic", "on_txn_id"]
+__all__ = ["DEFAULT_CONTROL_TIMEOUT_S", "DEFAULT_REQUEST_TIMEOUT_S", "Session", "on_topic", "on_txn_id"]
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_CONTROL_TIMEOUT_S = 30.0
 """Default bound of one control-plane call (connecting, retries and backoff included)."""
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 """Default bound of one request on the wire (a call may send several)."""
@@ -76,7 +79,7 @@ class Session:
         *,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_retries: int = 20,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
+        timeout_s: float = DEFAULT_CONTROL_TIMEOUT_S,
     ) -> None:
         if request_timeout_s <= 0:
             raise UsageError("request_timeout_s must be positive")
@@ -85,6 +88,7 @@ class Session:
         if max_retries < 0:
             raise UsageError("max_retries must not be negative")
         settings = connection_settings(config)
+        self._fork_guard = ForkGuard("ControlPlane")
         self._librdkafka = dict(settings.librdkafka)
         self._kafka_python = dict(settings.kafka_python)
         self._request_timeout_ms = int(request_timeout_s * 1000)
@@ -99,6 +103,20 @@ class Session:
         self._any_node: int | None = None
         self._requests: Counter[str] = Counter()
         quiet_kafka_python()  # kafka-python's INFO chatter -> DEBUG (kafka2pc._logging)
+
+    @property
+    def librdkafka(self) -> dict[str, Any]:
+        """The connection and security settings mapped for librdkafka (a copy), e.g. for the outcome probe."""
+        return dict(self._librdkafka)
+
+    def connected_client(self) -> KafkaAdminClient | None:
+        """The kafka-python client, ``None`` before the first call connected it (tests and benchmarks)."""
+        with self._lock:
+            return self._admin
+
+    def count(self, label: str) -> None:
+        """Count one request that :meth:`send` does not send (e.g. the ``read_committed`` outcome probe)."""
+        self._requests[label] += 1
 
     @property
     def timeout_s(self) -> float:
@@ -137,14 +155,16 @@ class Session:
         stack: list[Deadline] = self._local.__dict__.get("stack", [])
         return own.earlier(stack[-1] if stack else None)
 
-    def _call_deadline(self, timeout: float | None) -> Deadline:
+    def call_deadline(self, timeout: float | None) -> Deadline:
         """The deadline of one call: its ``timeout``, else the enclosing block's, else ``timeout_s``."""
         stack: list[Deadline] = self._local.__dict__.get("stack", [])
         if timeout is None and stack:
             return stack[-1]
         return self._deadline(timeout)
 
-    def _client(self, deadline: Deadline, context: str) -> KafkaAdminClient:
+    def client(self, deadline: Deadline, context: str) -> KafkaAdminClient:
+        """The kafka-python client, connected first (within ``deadline``) if it is not yet."""
+        self._fork_guard.check()  # kafka-python's IO thread lives in the parent: a call would never return
         with self._lock:
             if self._closed:
                 raise UsageError("ControlPlane is closed")
@@ -163,9 +183,9 @@ class Session:
                     ) from exc
             return self._admin
 
-    def _run(self, context: str, deadline: Deadline, coro: Callable[[KafkaAdminClient], Awaitable[_T]]) -> _T:
+    def run(self, context: str, deadline: Deadline, coro: Callable[[KafkaAdminClient], Awaitable[_T]]) -> _T:
         """Run ``coro(admin)`` on kafka-python's IO thread; translate its errors."""
-        admin = self._client(deadline, context)
+        admin = self.client(deadline, context)
         try:
             return compat.run_on_io_thread(admin, lambda: coro(admin))
         except Kafka2pcError:
@@ -177,8 +197,9 @@ class Session:
 
     # -- low-level helpers (run on the IO thread) ------------------------------
 
-    async def _send(self, admin: KafkaAdminClient, request: Any, node_id: int | None, deadline: Deadline,
-                    context: str, *, label: str | None = None, cap_ms: int | None = None) -> Any:
+    async def send(self, admin: KafkaAdminClient, request: Any, node_id: int | None, deadline: Deadline,
+                   context: str, *, label: str | None = None, cap_ms: int | None = None) -> Any:
+        """Send ``request`` to ``node_id`` (``None``: any) within ``deadline``; count it under ``label``."""
         timeout_ms = deadline.remaining_ms(self._request_timeout_ms if cap_ms is None
                                            else min(cap_ms, self._request_timeout_ms))
         if timeout_ms <= 0:
@@ -226,7 +247,7 @@ class Session:
             connection_errors=CONNECTION_ERRORS,
         )
 
-    def _on_coordinator(
+    def on_coordinator(
         self,
         transactional_id: str,
         context: str,
@@ -237,15 +258,15 @@ class Session:
 
         async def go(admin: KafkaAdminClient) -> _T:
             async def resolve(refresh: bool) -> int:
-                return await self._coordinator(admin, transactional_id, refresh, deadline)
+                return await self.coordinator(admin, transactional_id, refresh, deadline)
 
             return await self._with_route(
                 admin, Route.COORDINATOR, context, deadline, resolve, lambda node: attempt_fn(admin, node)
             )
 
-        return self._run(context, deadline, go)
+        return self.run(context, deadline, go)
 
-    def _on_leader(
+    def on_leader(
         self,
         tp: TopicPartition,
         context: str,
@@ -262,9 +283,9 @@ class Session:
                 admin, Route.LEADER, context, deadline, resolve, lambda node: attempt_fn(admin, node)
             )
 
-        return self._run(context, deadline, go)
+        return self.run(context, deadline, go)
 
-    def _on_any_broker(
+    def on_any_broker(
         self,
         context: str,
         deadline: Deadline,
@@ -288,7 +309,7 @@ class Session:
 
             return await self._with_route(admin, Route.ANY_BROKER, context, deadline, resolve, attempt)
 
-        return self._run(context, deadline, go)
+        return self.run(context, deadline, go)
 
     def _any_broker(self, admin: KafkaAdminClient, refresh: bool, context: str) -> int:
         """A broker of the cluster's metadata: the one that answered last, or (``refresh``) another one."""
@@ -307,7 +328,7 @@ class Session:
         self._any_node = chosen
         return chosen
 
-    async def _coordinator(
+    async def coordinator(
         self, admin: KafkaAdminClient, transactional_id: str, refresh: bool, deadline: Deadline
     ) -> int:
         """Node id of the transaction coordinator of ``transactional_id`` (cached until it moves)."""
@@ -315,7 +336,7 @@ class Session:
             return self._coordinators[transactional_id]
         context = f"FindCoordinator for transactional id {transactional_id!r}"
         request = protocol.find_transaction_coordinator(transactional_id)
-        response = await self._send(admin, request, None, deadline, context)
+        response = await self.send(admin, request, None, deadline, context)
         check_code(Route.COORDINATOR, int(response.error_code), context,
                    needs=on_txn_id("DESCRIBE", transactional_id))
         compat.remember_transaction_coordinator(admin, response, transactional_id)
@@ -329,7 +350,7 @@ class Session:
             return self._leaders[tp]
         self._leaders.pop(tp, None)
         context = f"Metadata for {tp.topic}-{tp.partition}"
-        response = await self._send(admin, protocol.metadata(tp.topic), None, deadline, context)
+        response = await self.send(admin, protocol.metadata(tp.topic), None, deadline, context)
         for topic in response.topics:
             if topic.name != tp.topic:
                 continue

@@ -19,6 +19,7 @@ from kafka2pc import (
     Decision,
     IllegalStateError,
     KafkaTransactionError,
+    OnHeuristic,
     OpenTransaction,
     PartitionLag,
     PreparedTxnState,
@@ -31,8 +32,11 @@ from kafka2pc import (
     TransactionInfo,
     TransactionOutcome,
 )
-from kafka2pc._admin import AdminOnHeuristic, on_heuristic_raises
+from kafka2pc._admin import on_heuristic_raises
+from kafka2pc._control import ControlPlane
 from kafka2pc._deprecation import deprecated_alias, seconds_from_ms
+from kafka2pc._fork import ForkGuard
+from kafka2pc._recovery import outcome_of
 from kafka2pc.aio._worker import SerialWorker
 
 __all__ = ["AsyncTransactionAdmin"]
@@ -67,6 +71,7 @@ class AsyncTransactionAdmin:
         ``timeout_s`` bounds each method call given no ``timeout`` (default
         30 s); ``request_timeout_s`` each request on the wire.
         """
+        self._fork_guard = ForkGuard("AsyncTransactionAdmin")
         self._sync = TransactionAdmin(config, timeout_s=timeout_s, request_timeout_s=request_timeout_s)
         self._worker = SerialWorker("kafka2pc-aio-admin")
         self._closed = False
@@ -104,6 +109,7 @@ class AsyncTransactionAdmin:
         :meth:`kafka2pc.TransactionAdmin.diagnose_connection`, in a thread of
         its own (it starts a short-lived librdkafka client).
         """
+        self._fork_guard.check()
         return await asyncio.to_thread(self._sync.diagnose_connection, timeout=timeout)
 
     async def partitions(
@@ -171,7 +177,7 @@ class AsyncTransactionAdmin:
         state: PreparedTxnState,
         *,
         fence: bool = True,
-        on_heuristic: AdminOnHeuristic = "raise",
+        on_heuristic: OnHeuristic = "raise",
         timeout: float | None = None,
         raise_on_heuristic: bool | None = None,
     ) -> Settlement:
@@ -196,7 +202,7 @@ class AsyncTransactionAdmin:
     @deprecated_alias("outcome_of", "transaction_outcome")
     async def outcome_of(self, state: PreparedTxnState, *, timeout: float | None = None) -> TransactionOutcome:
         """``await transaction_outcome(transactional_id, state, settled=True)``."""
-        return await self._call(functools.partial(self._sync._probe_outcome, state, timeout))
+        return await self._call(functools.partial(_probe_outcome, self._sync.control_plane, state, timeout))
 
     async def outcomes_of_settled(
         self, states: Mapping[str, PreparedTxnState], *, wait_s: float = 0.0, timeout: float | None = None
@@ -210,7 +216,7 @@ class AsyncTransactionAdmin:
         states: Mapping[str, PreparedTxnState],
         *,
         fence: bool = True,
-        on_heuristic: AdminOnHeuristic = "raise",
+        on_heuristic: OnHeuristic = "raise",
         on_settled: Callable[[str, Settlement], None] | None = None,
         markers_timeout_s: float = 10.0,
         timeout: float | None = None,
@@ -295,7 +301,8 @@ class AsyncTransactionAdmin:
     @deprecated_alias("max_transaction_timeout_ms", "max_transaction_timeout_s")
     async def max_transaction_timeout_ms(self, *, timeout: float | None = None) -> int | None:
         """The same limit in milliseconds."""
-        return await self._call(functools.partial(self._sync._max_transaction_timeout_ms, timeout))
+        limit_s = await self._call(functools.partial(self._sync.max_transaction_timeout_s, timeout=timeout))
+        return None if limit_s is None else round(limit_s * 1000)
 
     async def pending_offset_groups(self, *, timeout: float | None = None) -> dict[str, list[TopicAndPartition]]:
         """Consumer groups whose committed offsets are pending in an open transaction, with those partitions."""
@@ -314,9 +321,15 @@ class AsyncTransactionAdmin:
     async def close(self, timeout: float | None = None) -> None:
         """Close the connections and stop the admin's thread (after the calls already queued).
 
-        ``timeout`` as for :meth:`kafka2pc.TransactionAdmin.close`.
+        ``timeout`` as for :meth:`kafka2pc.TransactionAdmin.close`.  In a child
+        forked after the admin was made it returns at once: the admin's thread
+        lives only in the parent, and the inherited connections are left to it.
         """
         if self._closed:
+            return
+        if self._fork_guard.forked:
+            self._closed = True
+            self._sync.close(timeout)  # in the child: closes nothing, returns at once
             return
         try:
             await self._call(functools.partial(self._sync.close, timeout))
@@ -331,6 +344,7 @@ class AsyncTransactionAdmin:
         await self.close()
 
     def _call(self, fn: Callable[[], _T]) -> asyncio.Future[_T]:
+        self._fork_guard.check()  # in a forked child the admin's thread is gone: a call would never return
         if self._closed:
             raise IllegalStateError("the admin is closed")
         deadline = _deadline.get()
@@ -345,10 +359,16 @@ def _within(admin: TransactionAdmin, deadline: float, fn: Callable[[], _T]) -> _
         return fn()
 
 
-def _heuristic(where: str, on_heuristic: AdminOnHeuristic, raise_on_heuristic: bool | None) -> AdminOnHeuristic:
+def _heuristic(where: str, on_heuristic: OnHeuristic, raise_on_heuristic: bool | None) -> OnHeuristic:
     """``on_heuristic``, or the value the deprecated ``raise_on_heuristic`` flag meant (it warns)."""
     return "raise" if on_heuristic_raises(where, on_heuristic, raise_on_heuristic) else "report"
 
 
 def _nothing() -> None:
     pass
+
+
+def _probe_outcome(ctrl: ControlPlane, state: PreparedTxnState, timeout: float | None) -> TransactionOutcome:
+    """The deprecated ``outcome_of``: one probe of the anchor record (its warning given on the loop)."""
+    with ctrl.deadline(timeout):
+        return outcome_of(ctrl, state)

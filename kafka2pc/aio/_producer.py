@@ -30,6 +30,7 @@ from kafka2pc import (
 )
 from kafka2pc._deprecation import renamed, renamed_argument
 from kafka2pc._errors import translate_confluent_error  # the one place confluent-kafka errors are mapped
+from kafka2pc._fork import ForkGuard
 from kafka2pc._producer import DeliveryCallback, Headers
 from kafka2pc.aio._worker import SerialWorker
 
@@ -109,6 +110,7 @@ class AsyncTwoPhaseCommitProducer:
         if queue_full_timeout_s < 0:
             raise UsageError("queue_full_timeout_s must not be negative")
         self._sync = TwoPhaseCommitProducer(config)
+        self._fork_guard = ForkGuard(f"AsyncTwoPhaseCommitProducer({self._sync.transactional_id!r})")
         self._queue_full_timeout = queue_full_timeout_s
         self._reports: list[_Report] = []
         self._pending: set[asyncio.Future[Any]] = set()
@@ -302,7 +304,8 @@ class AsyncTwoPhaseCommitProducer:
         """
         if timeout is not None and timeout < 0:
             renamed("flush(timeout=-1)", "flush(timeout=<seconds>) (None: DEFAULT_TIMEOUT_S)")
-        return await self._call(functools.partial(self._sync._flush, timeout))
+            return await self._call(self._flush_unbounded)
+        return await self._call(functools.partial(self._sync.flush, timeout))
 
     async def send_offsets_to_transaction(
         self, offsets: list[Any], group_metadata: Any, timeout: float | None = None
@@ -356,12 +359,18 @@ class AsyncTwoPhaseCommitProducer:
         """Release the producer, its control plane and its thread (after the calls already queued).
 
         ``timeout`` as for :meth:`kafka2pc.TwoPhaseCommitProducer.close`
-        (``None``: :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`).
+        (``None``: :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`).  In a child
+        forked after the producer was made it returns at once and sends
+        nothing, as the sync ``close`` does there (the producer's thread lives
+        only in the parent).
         """
         if self._closed:
             return
         try:
-            await self._call(functools.partial(self._sync.close, timeout))
+            if self._fork_guard.forked:
+                self._sync.close(timeout)  # in the child: sends nothing, returns at once
+            else:
+                await self._call(functools.partial(self._sync.close, timeout))
         finally:
             self._closed = True
             self._worker.stop()
@@ -378,6 +387,7 @@ class AsyncTwoPhaseCommitProducer:
 
     # -- internals ----------------------------------------------------------------
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        self._fork_guard.check()  # in a forked child the producer's thread is gone: a call would never return
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
@@ -400,6 +410,12 @@ class AsyncTwoPhaseCommitProducer:
         future = self._worker.submit(loop, fn, done)
         self._control_in_flight.append(name)
         return await future
+
+    def _flush_unbounded(self) -> int:
+        """The deprecated ``flush(-1)``: wait, without a bound, until nothing is outstanding (its warning given)."""
+        while (remaining := self._sync.flush(None)) > 0:
+            pass
+        return remaining
 
     def _has_undelivered(self) -> bool:
         return len(self._sync) > 0

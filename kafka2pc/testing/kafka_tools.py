@@ -42,7 +42,7 @@ TOOLS_VERSION = "4.4.0"
 
 TRANSACTIONS_COMMAND = "org.apache.kafka.tools.TransactionsCommand"
 
-DEFAULT_TIMEOUT_S = 120.0
+TRANSACTIONS_COMMAND_TIMEOUT_S = 120.0
 """Bound of one ``TransactionsCommand`` run (a JVM start on a loaded machine takes seconds)."""
 
 
@@ -94,7 +94,7 @@ _FIRST_HEADERS = frozenset({"TransactionalId", "CoordinatorId", "Topic", "Produc
 
 
 def transactions_command(
-    bootstrap_servers: str, *args: str, version: str = TOOLS_VERSION, timeout_s: float = DEFAULT_TIMEOUT_S
+    bootstrap_servers: str, *args: str, version: str = TOOLS_VERSION, timeout_s: float = TRANSACTIONS_COMMAND_TIMEOUT_S
 ) -> list[dict[str, str]]:
     """Run ``kafka-transactions.sh --bootstrap-server B ARGS...`` and return its table's rows.
 

@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kafka2pc import BrokerUnavailableError, TransactionAdmin, UsageError
-from kafka2pc._reachability import unreachable_reason
+from kafka2pc import BrokerUnavailableError, TransactionAdmin, UsageError, unreachable_reason
 
 from ._protocol import SinkCoordinator
 from ._session import local_path

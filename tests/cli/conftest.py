@@ -317,12 +317,12 @@ def make_hanging_transaction(
         with TransactionAdmin({"bootstrap.servers": bootstrap}) as kafka:
             ctrl = kafka.control_plane
             tp = TopicPartition(topic, partition)
-            call = ctrl._call_deadline(30)
+            call = ctrl.session.call_deadline(30)
 
             async def produce(client: Any, leader: int) -> Any:
-                return await ctrl._send(client, request, leader, call, "hanging Produce")
+                return await ctrl.session.send(client, request, leader, call, "hanging Produce")
 
-            response = ctrl._on_leader(tp, "hanging Produce", call, produce)
+            response = ctrl.session.on_leader(tp, "hanging Produce", call, produce)
         [answer] = [p for t in response.responses for p in t.partition_responses]
         assert answer.error_code == 0, response
     finally:

@@ -10,7 +10,7 @@ def test_connected_client_meets_every_assumption(kafka_bootstrap: str) -> None:
     with ControlPlane({"bootstrap.servers": kafka_bootstrap}, timeout_s=20) as control:
         control.api_versions()  # connects
         assert control.describe_transaction("compat-never-used", timeout=20) is None  # a coordinator connection
-        admin = control._admin  # noqa: SLF001 - the object under test
+        admin = control.session.connected_client()
         assert admin is not None
         problems = compat.check_compatibility(admin)
         assert not problems, (

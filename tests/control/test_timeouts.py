@@ -37,7 +37,7 @@ from kafka2pc import (
     TransactionOutcome,
     TwoPhaseCommitProducer,
 )
-from kafka2pc._control import DEFAULT_TIMEOUT_S, ControlPlane
+from kafka2pc._control import DEFAULT_CONTROL_TIMEOUT_S, ControlPlane
 from kafka2pc._types import TopicPartition
 from kafka2pc.aio import AsyncTransactionAdmin
 from kafka2pc.testing import create_topic
@@ -73,9 +73,9 @@ def unreachable() -> dict[str, str]:
 
 def test_defaults_are_finite_and_documented() -> None:
     admin = TransactionAdmin({"bootstrap.servers": "127.0.0.1:1"})
-    assert admin.timeout_s == DEFAULT_TIMEOUT_S == 30.0
-    assert ControlPlane({"bootstrap.servers": "127.0.0.1:1"}).timeout_s == DEFAULT_TIMEOUT_S
-    assert TransactionAdmin({"bootstrap.servers": "127.0.0.1:1"}, request_timeout_s=7).timeout_s == DEFAULT_TIMEOUT_S
+    assert admin.timeout_s == DEFAULT_CONTROL_TIMEOUT_S == 30.0
+    assert ControlPlane({"bootstrap.servers": "127.0.0.1:1"}).timeout_s == DEFAULT_CONTROL_TIMEOUT_S
+    assert TransactionAdmin({"bootstrap.servers": "127.0.0.1:1"}, request_timeout_s=7).timeout_s == DEFAULT_CONTROL_TIMEOUT_S
     assert TransactionAdmin({"bootstrap.servers": "127.0.0.1:1"}, timeout_s=4).timeout_s == 4
 
 

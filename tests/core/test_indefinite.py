@@ -108,7 +108,7 @@ def test_end_txn_without_answer_is_indefinite_then_settled(private_kafka: LocalK
     producer.begin_transaction()
     producer.produce(topic, value=b"x")
     state = producer.prepare_transaction(30)
-    producer._producer = None  # noqa: SLF001 - abandon the instance as a crash would (no abort)
+    producer._calls.release()  # noqa: SLF001 - abandon the instance as a crash would (no abort)
 
     with ControlPlane({"bootstrap.servers": bootstrap}, request_timeout_s=2, max_retries=0) as control:
         description = control.describe_transaction(tid)

@@ -48,6 +48,8 @@ ASYNC_MODULES = {"kafka2pc.aio": "kafka2pc", "kafka2pc.recipes.dual_write.aio": 
 DUNDER_TWINS = {"__enter__": "__aenter__", "__exit__": "__aexit__"}
 WIRE_VALUE_TYPES = {"TransactionDescription", "ProducerState"}
 """What the broker reports (DescribeTransactions, DescribeProducers), under Kafka's names and in Kafka's units."""
+DURATION_WORDS = {"timeout", "interval", "wait", "lease", "delay", "duration", "period"}
+"""Words that make a value's name a duration (``*_ms`` with one of them is a duration, else a timestamp)."""
 DIMENSIONLESS = {"stalled_fraction"}
 """``float`` values that have no unit."""
 UNIT_SUFFIXES = ("_s", "_per_second")
@@ -292,6 +294,29 @@ def test_durations_in_values_are_seconds() -> None:
             elif _is_float(annotation) and not name.endswith(UNIT_SUFFIXES) and name not in DIMENSIONLESS:
                 problems.append(f"{qualified}.{name}: a float without a unit in its name")
     assert problems == []
+
+
+def test_broker_reported_durations_are_also_in_seconds() -> None:
+    """A duration the broker reports in milliseconds (``timeout_ms``) has its ``*_s`` twin, a float in seconds.
+
+    Timestamps (``start_time_ms``, ``last_timestamp_ms``) are points in time, not durations: they keep Kafka's unit.
+    """
+    from kafka2pc import TransactionDescription
+
+    missing = []
+    for qualified, cls in _all_classes():
+        if cls.__name__ not in WIRE_VALUE_TYPES:
+            continue
+        values = dict(_values(qualified, cls))
+        for name in values:
+            words = set(name.removesuffix("_ms").split("_"))
+            if name.endswith("_ms") and words & DURATION_WORDS:
+                twin = name.removesuffix("_ms") + "_s"
+                if twin not in values or not _is_float(values[twin]):
+                    missing.append(f"{qualified}.{name}: no float {twin}")
+    assert missing == []
+    described = TransactionDescription("t", "Ongoing", 1, 0, 60_000, 1, (), 0)
+    assert described.timeout_s == 60.0 and described.timeout_ms == 60_000
 
 
 def test_the_checks_catch_each_kind_of_problem() -> None:

@@ -13,10 +13,9 @@ imports included.  An import is allowed when it is
 Anything else (``kafka2pc._recovery``, ``kafka2pc._control``, a name the core
 does not export) means the core must grow a public entry point instead.  The
 one exception is the distribution's own plumbing, :data:`PLUMBING`: the error
-naming a missing extra, the deprecation warnings of renamed 0.1 names, which
-every subpackage raises the same way, and the TCP pre-flight of the bootstrap
-addresses that the CLI and the Spark recipe run before any Kafka request; no
-user calls them.
+naming a missing extra and the deprecation warnings of renamed 0.1 names,
+which every subpackage raises the same way; no user calls them.  (The TCP
+pre-flight of the bootstrap addresses is public: ``kafka2pc.unreachable_reason``.)
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ PACKAGE_DIRS = {
     "kafka2pc.cli": ROOT / "cli",
 }
 CLIENTS = {"kafka2pc.recipes": ROOT / "recipes", "kafka2pc.cli": ROOT / "cli"}
-PLUMBING = {"kafka2pc._extras", "kafka2pc._deprecation", "kafka2pc._reachability"}
+PLUMBING = {"kafka2pc._extras", "kafka2pc._deprecation"}
 
 
 def module_file(module: str) -> Path | None:

@@ -74,8 +74,8 @@ def test_tables_cover_every_state_and_operation() -> None:
         "abort_transaction",
         "complete_transaction",
     }
-    for sources in itertools.chain(TRANSITIONS.values(), OPERATIONS.values()):
-        assert sources <= set(TxnState)
+    for states in itertools.chain(TRANSITIONS.values(), OPERATIONS.values()):
+        assert states <= set(TxnState)
 
 
 @pytest.mark.parametrize(
@@ -132,7 +132,7 @@ def test_in_doubt_allows_only_the_same_call_or_complete(in_doubt: str, operation
 
 def test_terminal_states_have_no_way_out() -> None:
     for state in TERMINAL:
-        reachable = {target for target, sources in TRANSITIONS.items() if state in sources}
+        reachable = TRANSITIONS[state]
         assert reachable <= {TxnState.CLOSED}
         assert not any(state in allowed for allowed in OPERATIONS.values())
 
@@ -142,8 +142,8 @@ def test_every_state_except_closed_and_uninitialized_is_reachable_from_uninitial
     frontier = [TxnState.UNINITIALIZED]
     while frontier:
         source = frontier.pop()
-        for target, sources in TRANSITIONS.items():
-            if source in sources and target not in seen:
+        for target in TRANSITIONS[source]:
+            if target not in seen:
                 seen.add(target)
                 frontier.append(target)
     assert seen == set(TxnState)

@@ -28,6 +28,7 @@ EXPECTED = [
     "InvalidPreparedStateError",
     "Kafka2pcError",
     "KafkaTransactionError",
+    "OnHeuristic",
     "OpenTransaction",
     "PartitionLag",
     "PreparedTxnState",
@@ -50,6 +51,7 @@ EXPECTED = [
     "UnsupportedBrokerError",
     "UsageError",
     "__version__",
+    "unreachable_reason",
 ]
 
 
