@@ -268,6 +268,39 @@ def test_a_thread_that_registers_writes(
     assert_exactly_once(kafka_bootstrap, out, values(200))
 
 
+@pytest.mark.spark_modes("connect")
+def test_connect_finds_the_installed_source_by_name_in_any_thread(
+    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path,
+) -> None:
+    """A Connect session that never registered it, used from a new thread, writes with format("kafka2pc").
+
+    The server found the installed ``pyspark_kafka2pc`` module (its Python, ``$PYSPARK_PYTHON``, has
+    kafka2pc), and a Connect registration is the server-side session's, not a thread's.
+    """
+    from harness.ports import spark_connect_port
+    from pyspark.sql import SparkSession as Builder
+
+    out = topic_factory(partitions=2)
+    fresh = Builder.builder.remote(f"sc://127.0.0.1:{spark_connect_port()}").create()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            batch_write(fresh.range(0, 100, numPartitions=2).selectExpr("CAST(id AS STRING) AS value"),
+                        kafka_bootstrap, out, **{"kafka2pc.decisionPath": str(tmp_path / "d")})
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    try:
+        thread = threading.Thread(target=write)
+        thread.start()
+        thread.join(120)
+    finally:
+        fresh.stop()
+    assert not errors, errors
+    assert_exactly_once(kafka_bootstrap, out, values(100))
+
+
 def test_the_datasource_module_path_is_deprecated() -> None:
     sys.modules.pop("kafka2pc.recipes.spark.datasource", None)
     with pytest.warns(DeprecationWarning, match="import register_data_source and recover from kafka2pc.recipes.spark"):
