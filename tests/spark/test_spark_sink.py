@@ -278,6 +278,25 @@ def test_columns_key_topic_partition_headers(
         KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap, "transactional.id": "x"}, topic=t1)
 
 
+@pytest.mark.spark_modes("connect")
+def test_on_connect_the_sink_is_told_the_checkpoint_location(
+    spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Spark Connect's foreachBatch worker is not told its query: without checkpoint_location the query fails, naming it."""
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic="t")
+    query = (
+        spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
+        .selectExpr("CAST(value AS STRING) AS value")
+        .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "chk")).start()
+    )
+    try:
+        with pytest.raises(Exception, match=r"UsageError: on Spark Connect the foreachBatch worker is not told its "
+                                            r"query: pass checkpoint_location=\.\.\."):
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+
+
 def test_the_sink_pickles_without_what_it_built_where_it_ran(kafka_bootstrap: str, tmp_path: Path) -> None:
     """Spark Connect pickles the foreachBatch function: the copy keeps the settings, builds locks and clients anew."""
     sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic="out", checkpoint_location=str(tmp_path),
