@@ -10,7 +10,8 @@ with confluent-kafka.
 the ``foreachBatch`` sink (:data:`CONNECT_MODULES`) run twice, through the
 ``spark_mode`` parameter: ``classic`` (the shared session itself) and
 ``connect`` (a Spark Connect client of the same driver, which serves Connect
-on its own port: one JVM for both).  The connect case needs PySpark 4.  A
+on its own port: one JVM for both).  The connect cases need PySpark 4 (they are
+deselected before).  A
 test that only a classic session can run says so with
 ``@pytest.mark.spark_modes("classic")``.  When the foreachBatch sink's suite
 runs elsewhere (``$KAFKA2PC_FOREACHBATCH_ELSEWHERE``: CI runs it on PySpark
@@ -62,22 +63,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "spark" not in metafunc.fixturenames or metafunc.module.__name__ not in CONNECT_MODULES:
         return
     marker = metafunc.definition.get_closest_marker("spark_modes")
-    modes = list(marker.args) if marker is not None else ["classic", "connect"]
-    if not PYSPARK4:
-        modes = [m for m in modes if m == "classic"]
-    metafunc.parametrize("spark_mode", modes)
+    metafunc.parametrize("spark_mode", list(marker.args) if marker is not None else ["classic", "connect"])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``$KAFKA2PC_FOREACHBATCH_ELSEWHERE`` (scripts/test.sh in CI), keep only the sink's connect cases."""
-    if not os.environ.get("KAFKA2PC_FOREACHBATCH_ELSEWHERE") or not PYSPARK4:
-        return
+    """Deselect the connect cases before PySpark 4; with ``$KAFKA2PC_FOREACHBATCH_ELSEWHERE`` (scripts/test.sh in
+    CI), keep only the sink's connect cases."""
+    elsewhere = bool(os.environ.get("KAFKA2PC_FOREACHBATCH_ELSEWHERE")) and PYSPARK4
     keep, drop = [], []
     for item in items:
         module = getattr(item, "module", None)
         in_sink = module is not None and module.__name__ == FOREACHBATCH_SINK_MODULE
         mode = getattr(item, "callspec", None) and item.callspec.params.get("spark_mode")  # type: ignore[attr-defined]
-        (drop if in_sink and mode != "connect" else keep).append(item)
+        gone = (mode == "connect" and not PYSPARK4) or (elsewhere and in_sink and mode != "connect")
+        (drop if gone else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
