@@ -206,18 +206,25 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
     cpu_after = cpu_snapshot(cpu_roots or {})
     if query.exception() is not None:
         raise RuntimeError(f"{sink}: {query.exception()}")
-    progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+    progress = [p for p in query.recentProgress if (_progress(p, "numInputRows") or 0) > 0]
     result: dict[str, Any] = {
         "elapsed": elapsed,
-        "rows": sum(p["numInputRows"] for p in progress),
+        "rows": sum(_progress(p, "numInputRows") for p in progress),
         "batches": len(progress),
-        "add_batch_s": [p["durationMs"].get("addBatch", 0) / 1000 for p in progress],
+        "add_batch_s": [_progress(p, "durationMs").get("addBatch", 0) / 1000 for p in progress],
         "cpu": {part: cpu_after[part] - cpu_before[part] for part in CPU_PARTS},
     }
     if ours is not None:
         result.update(sink_metrics(ours))
         ours.close()
     return result
+
+
+def _progress(progress: Any, name: str) -> Any:
+    """A field of a query's progress: an attribute on PySpark 4 (on Connect the dict's numInputRows is None),
+    a key of the dict on 3.5."""
+    value = getattr(progress, name, None)
+    return value if value is not None else progress.get(name)
 
 
 def sink_metrics(ours: KafkaTwoPhaseSink) -> dict[str, Any]:
