@@ -34,8 +34,14 @@ Measured: rows/s (records / query wall time), per round the ratio ours/baseline
 visibility and the 2PC part after the tasks; for the others the ``addBatch``
 duration (their rows are visible as soon as written).
 
+``--connect`` measures the two exactly-once paths (``ours``, ``datasource``) on
+the classic session and on a Spark Connect client of the same driver (one
+JVM, which serves Connect on a loopback port), rounds interleaved: what
+Connect's client/server hop costs.
+
 Prints a table and replaces the ``## Spark sink`` section of ``benchmarks/RESULTS.md``
-(``## Spark sink, batch write`` with ``--mode batch``; ``, standalone cluster (2 Workers)`` with ``--cluster``).
+(``## Spark sink, batch write`` with ``--mode batch``; ``, standalone cluster (2 Workers)`` with ``--cluster``;
+``## Spark sink, Spark Connect vs classic`` with ``--connect``).
 
     python benchmarks/bench_spark_sink.py --records 400000 --batches 2 --rounds 5
 """
@@ -169,6 +175,7 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
         "maxFilesPerTrigger", files_per_batch
     ).parquet(str(source))
     checkpoint = str(work / f"chk-{sink}-{uuid.uuid4().hex[:8]}")
+    sink, _, where = sink.partition("@")  # "ours@connect": spark is a Spark Connect client
     ours: KafkaTwoPhaseSink | None = None
     if sink == "builtin":
         writer = (
@@ -187,7 +194,9 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
             .option("topic", out)
         )
     else:
-        ours = KafkaTwoPhaseSink({"bootstrap.servers": bootstrap}, topic=out)
+        # On Spark Connect the sink is told its checkpoint (docs/spark-connect.md)
+        ours = KafkaTwoPhaseSink({"bootstrap.servers": bootstrap}, topic=out,
+                                 checkpoint_location=checkpoint if where == "connect" else None)
         writer = stream.writeStream.foreachBatch(ours)
     cpu_before = cpu_snapshot(cpu_roots or {})
     started = time.monotonic()
@@ -197,18 +206,25 @@ def run_query(spark: Any, bootstrap: str, source: Path, files_per_batch: int, ou
     cpu_after = cpu_snapshot(cpu_roots or {})
     if query.exception() is not None:
         raise RuntimeError(f"{sink}: {query.exception()}")
-    progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+    progress = [p for p in query.recentProgress if (_progress(p, "numInputRows") or 0) > 0]
     result: dict[str, Any] = {
         "elapsed": elapsed,
-        "rows": sum(p["numInputRows"] for p in progress),
+        "rows": sum(_progress(p, "numInputRows") for p in progress),
         "batches": len(progress),
-        "add_batch_s": [p["durationMs"].get("addBatch", 0) / 1000 for p in progress],
+        "add_batch_s": [_progress(p, "durationMs").get("addBatch", 0) / 1000 for p in progress],
         "cpu": {part: cpu_after[part] - cpu_before[part] for part in CPU_PARTS},
     }
     if ours is not None:
         result.update(sink_metrics(ours))
         ours.close()
     return result
+
+
+def _progress(progress: Any, name: str) -> Any:
+    """A field of a query's progress: an attribute on PySpark 4 (on Connect the dict's numInputRows is None),
+    a key of the dict on 3.5."""
+    value = getattr(progress, name, None)
+    return value if value is not None else progress.get(name)
 
 
 def sink_metrics(ours: KafkaTwoPhaseSink) -> dict[str, Any]:
@@ -270,10 +286,16 @@ def run_batch(spark: Any, bootstrap: str, source: Path, records: int, out: str, 
     return result
 
 
-def start_spark(master: str, package: str | None) -> Any:
+def start_spark(master: str, package: str | None, connect_port: int | None = None) -> Any:
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
+    if connect_port is not None:  # the same driver also serves Spark Connect (PySpark 4's spark-connect jar)
+        builder = (
+            builder.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+            .config("spark.connect.grpc.binding.address", "127.0.0.1")
+            .config("spark.connect.grpc.binding.port", str(connect_port))
+        )
     if master.startswith("spark://"):  # the standalone cluster of --cluster: two Workers, 2 cores each
         builder = (
             builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
@@ -318,6 +340,8 @@ def main() -> None:
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--work", default="/tmp/kafka2pc-bench-spark")
+    parser.add_argument("--connect", action="store_true",
+                        help="the exactly-once paths on a classic session and on a Spark Connect client of it")
     parser.add_argument("--no-append", action="store_true", help="do not update RESULTS.md")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -338,7 +362,7 @@ def main() -> None:
         args.master = cluster.master_url
     args.cluster_pids = [proc.pid for proc in cluster.procs] if cluster is not None else []
     try:
-        run(args)
+        run_connect(args) if args.connect else run(args)
     finally:
         if cluster is not None:
             cluster.stop()
@@ -549,6 +573,77 @@ def run(args: argparse.Namespace) -> None:
             heading += ", standalone cluster (2 Workers)"
         command = " ".join(["benchmarks/bench_spark_sink.py", *sys.argv[1:]])
         record_section(heading, f"`{command}`, {stamp}\n\n{text}")
+
+
+def run_connect(args: argparse.Namespace) -> None:
+    """``--connect``: ours and the data source, classic and Spark Connect, rounds interleaved."""
+    import pyspark
+    from kafka2pc.recipes.spark import register_data_source
+    from pyspark.sql import SparkSession
+
+    from kafka2pc.testing.broker import port_base
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    port = port_base() + 1800  # tests/harness/ports.py: the Spark Connect port of the block
+    classic = start_spark(args.master, None, connect_port=port)
+    remote = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+    os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)  # set per call below: PySpark reads it per process
+    sessions = {"classic": classic, "connect": remote}
+
+    def on(where: str) -> Any:
+        if where == "connect":
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+        else:
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        return sessions[where]
+
+    for where in sessions:
+        register_data_source(on(where))
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    source = work / "input"
+    write_input(on("classic"), source, args.records, args.files, args.value_bytes)
+    files_per_batch = -(-args.files // args.batches)
+    sinks = ["ours@classic", "ours@connect", "datasource@classic", "datasource@connect"]
+    warm = create_topic(args.bootstrap, partitions=args.partitions)
+    for sink in sinks:
+        run_query(on(sink.split("@")[1]), args.bootstrap, source, files_per_batch, warm, sink, work)
+    runs: dict[str, list[dict[str, Any]]] = {sink: [] for sink in sinks}
+    for round_ in range(args.rounds):
+        for sink in sinks if round_ % 2 == 0 else list(reversed(sinks)):
+            out = create_topic(args.bootstrap, partitions=args.partitions)
+            result = run_query(on(sink.split("@")[1]), args.bootstrap, source, files_per_batch, out, sink, work)
+            seen = [r.value for r in drain(args.bootstrap, out, "read_committed", timeout=120)]
+            assert result["rows"] == len(seen) == len(set(seen)) == args.records, ("not exactly once", len(seen))
+            runs[sink].append(result)
+    remote.stop()
+    on("classic").stop()
+    med = statistics.median
+    rates = {sink: [args.records / r["elapsed"] for r in rs] for sink, rs in runs.items()}
+    lines = [
+        f"records={args.records} batches={args.batches} files={args.files} partitions={args.partitions} "
+        f"value={args.value_bytes}B rounds={args.rounds} pyspark={pyspark.__version__} master={args.master} "
+        f"cores={os.cpu_count()} load={os.getloadavg()[0]:.1f} (a shared machine: compare the interleaved ratios)",
+        "",
+        "| path | session | rows/s (median of rounds) | rows/s (best round) | batch s (median) |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for sink in sinks:
+        kind, where = sink.split("@")
+        batch_s = med(x for r in runs[sink] for x in r["add_batch_s"])
+        lines.append(f"| {kind} | {where} | {med(rates[sink]):,.0f} | {max(rates[sink]):,.0f} | {batch_s:.3f} |")
+    lines.append("")
+    for kind in ("ours", "datasource"):
+        ratios = [c / k for k, c in zip(rates[f"{kind}@classic"], rates[f"{kind}@connect"], strict=True)]
+        lines.append(f"throughput ratio {kind} connect/classic: **{med(ratios):.2f}x** median of per-round ratios "
+                     f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
+    lines += ["", "rows/s per round: " + ", ".join(f"{s} {[round(x) for x in rates[s]]}" for s in sinks)]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_append:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        command = " ".join(["benchmarks/bench_spark_sink.py", *sys.argv[1:]])
+        record_section("Spark sink, Spark Connect vs classic", f"`{command}`, {stamp}\n\n{text}")
 
 
 if __name__ == "__main__":

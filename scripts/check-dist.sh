@@ -25,7 +25,7 @@ with zipfile.ZipFile(wheel) as z:
 version = re.search(r'^version = "([^"]+)"$', open("pyproject.toml").read(), re.M).group(1)
 assert meta["Version"] == version, (meta["Version"], version)
 extras = set(meta.get_all("Provides-Extra") or [])
-assert extras == {"sql", "postgres", "mysql", "cli", "spark", "otel", "aio", "django"}, sorted(extras)
+assert extras == {"sql", "postgres", "mysql", "cli", "spark", "spark-connect", "otel", "aio", "django"}, sorted(extras)
 leaked = [r for r in meta.get_all("Requires-Dist") or [] if re.search(r"pytest|mkdocs|mypy|ruff|nox|twine", r)]
 assert not leaked, leaked
 print(f"check-dist: metadata of {meta['Name']} {meta['Version']}: extras {', '.join(sorted(extras))}")

@@ -30,7 +30,7 @@ fi
 declare -A GROUP_EXTRAS=(
   [test]="sql,postgres,mysql,cli,otel,aio,django"
   [docs]="cli"
-  [dev]="sql,postgres,mysql,cli,otel,aio,spark,django"
+  [dev]="sql,postgres,mysql,cli,otel,aio,spark,spark-connect,django"
 )
 wanted=${KAFKA2PC_EXTRAS:-}
 extras=()

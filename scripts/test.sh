@@ -23,7 +23,7 @@ FOREACHBATCH_MODULES="tests/spark/test_spark_sink.py tests/spark/test_spark_sink
   tests/spark/test_spark_sink_failed_batch.py tests/spark/test_spark_sink_repair.py tests/spark/test_spark_sink_reuse.py
   tests/spark/test_spark_sink_cluster.py tests/spark/test_repair_check.py"
 if [ "${1:-}" = --foreachbatch-modules ]; then echo $FOREACHBATCH_MODULES; exit 0; fi  # for .ci/run
-KAFKA2PC_EXTRAS=test,spark bash scripts/setup.sh  # the test group (pytest, ...) with sql,postgres,mysql,cli,otel,aio
+KAFKA2PC_EXTRAS=test,spark,spark-connect bash scripts/setup.sh  # the test group (pytest, ...) with sql,postgres,mysql,cli,otel,aio
 if [ -z "${KAFKA2PC_PG_ADMIN_URL:-}" ]; then
   KAFKA2PC_PG_ADMIN_URL=$(bash scripts/start-postgres.sh | tail -n1)
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "test.sh: PostgreSQL did not start" >&2; exit 1; }
@@ -69,8 +69,12 @@ if [ -n "${KAFKA2PC_FOREACHBATCH_ELSEWHERE:-${KAFKA2PC_FOREACHBATCH_CRASH_ELSEWH
   # .ci/run runs the foreachBatch sink's whole suite on PySpark 3.5, the line that sink is for; the main
   # run (the newest PySpark) then leaves it out instead of running it twice, and keeps the data source's
   # tests (PySpark 4 only), its cluster test's data-source path among them.
+  # test_spark_sink.py stays: tests/spark/conftest.py keeps only its Spark Connect cases (PySpark 4 only).
   for module in $FOREACHBATCH_MODULES; do
-    [ "$module" = tests/spark/test_spark_sink_cluster.py ] || deselect+=(--ignore="$module")
+    case "$module" in
+      tests/spark/test_spark_sink_cluster.py|tests/spark/test_spark_sink.py) ;;
+      *) deselect+=(--ignore="$module") ;;
+    esac
   done
   deselect+=(--deselect "tests/spark/test_spark_sink_cluster.py::test_speculative_copy_then_executor_killed_while_its_task_holds_a_prepared_transaction[foreachBatch]")
 fi

@@ -102,20 +102,30 @@ def spark() -> Iterator[SparkSession]:
 
     ``local[2,4]``: two cores, up to four attempts per task (so task retries
     happen), two shuffle partitions.  No test needs Spark's Kafka connector:
-    the sink writes with confluent-kafka.
+    the sink writes with confluent-kafka.  On PySpark 4 the same driver also
+    serves Spark Connect on :func:`harness.ports.spark_connect_port` (the
+    ``spark_mode`` "connect" of tests/spark/conftest.py): one JVM for both modes.
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    import pyspark
+    from harness.ports import spark_connect_port
     from pyspark.sql import SparkSession
 
-    session = (
+    builder = (
         SparkSession.builder.master("local[2,4]")
         .appName("kafka2pc-spark-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.streaming.minBatchesToRetain", "20")
-        .getOrCreate()
     )
+    if int(pyspark.__version__.split(".")[0]) >= 4:  # the spark-connect jar ships in the wheel from 4.0
+        builder = (
+            builder.config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+            .config("spark.connect.grpc.binding.address", "127.0.0.1")
+            .config("spark.connect.grpc.binding.port", str(spark_connect_port()))
+        )
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

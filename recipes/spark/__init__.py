@@ -104,12 +104,16 @@ def __getattr__(name: str) -> object:
 def register_data_source(spark: SparkSession) -> DataSourceMonitor:
     """Register ``format("kafka2pc")`` with ``spark`` for this Python thread (PySpark 4); return the monitor.
 
-    Call it once per session, and in every other Python thread that writes
-    with ``format("kafka2pc")``: PySpark looks Python data sources up through
-    the JVM's active session, which is per thread (a thread that did not call
-    it gets ``DATA_SOURCE_NOT_FOUND``).  The registered source sends its
+    Call it once per session, and, on a classic session, in every other
+    Python thread that writes with ``format("kafka2pc")``: PySpark looks
+    Python data sources up through the JVM's active session, which is per
+    thread (a thread that did not call it gets ``DATA_SOURCE_NOT_FOUND``).  A
+    Spark Connect session (``SparkSession.builder.remote(...)``) is accepted
+    too; there the registration belongs to the server-side session, so every
+    client thread using ``spark`` finds it.  The registered source sends its
     driver-side log records to this process's ``logging`` and each batch's
-    :class:`BatchMetrics` to the returned :class:`DataSourceMonitor`.
+    :class:`BatchMetrics` to the returned :class:`DataSourceMonitor` (on
+    Connect, when the server runs on this host; see ``docs/spark-connect.md``).
 
     Example::
 

@@ -81,6 +81,7 @@ from ._executor import TaskHook, WriterSpec, attempt_transactional_id, shared_ad
 from ._options import Options, check_reachable, is_local_master, location
 from ._protocol import Completed, SinkCoordinator
 from ._relay import DataSourceMonitor, RelayClient, monitor, relayed
+from ._session import is_connect, master
 from ._store import LocalDecisionStore
 from ._values import (
     BatchMetrics,
@@ -119,26 +120,31 @@ _SLOTS: Final = 8
 def register_data_source(spark: SparkSession) -> DataSourceMonitor:
     """Register ``format("kafka2pc")`` with ``spark`` for this Python thread; return the driver's monitor.
 
-    PySpark looks a Python data source up through the JVM's *active* session,
-    which is per thread: call this in every Python thread that writes with
-    ``format("kafka2pc")`` (a thread that did not gets ``DATA_SOURCE_NOT_FOUND``).
-    Idempotent and cheap.  The source it registers sends its driver-side log
-    records (e.g. a rerun's "run ... was committed already") to this process's
-    ``logging``, and each batch's :class:`BatchMetrics` to the returned
-    :class:`DataSourceMonitor` (one per process).  Example::
+    On a classic session PySpark looks a Python data source up through the
+    JVM's *active* session, which is per thread: call this in every Python
+    thread that writes with ``format("kafka2pc")`` (a thread that did not gets
+    ``DATA_SOURCE_NOT_FOUND``).  On a Spark Connect session the registration
+    is the server-side session's, so every thread of the client that uses
+    ``spark`` finds it.  Idempotent and cheap.  The source it registers sends
+    its driver-side log records (e.g. a rerun's "run ... was committed
+    already") to this process's ``logging``, and each batch's
+    :class:`BatchMetrics` to the returned :class:`DataSourceMonitor` (one per
+    process); on Connect only when the server runs on this host.  Example::
 
         register_data_source(spark)
         df.write.format("kafka2pc").option("kafka.bootstrap.servers", "b:9092").option("topic", "t").save()
     """
     driver_monitor, address = monitor()
+    url = master(spark)
     registered = type("_RegisteredKafka2pcDataSource", (Kafka2pcDataSource,), {
-        "_relay_address": address, "_local_master": is_local_master(str(spark.sparkContext.master)),
+        "_relay_address": address, "_local_master": None if url is None else is_local_master(url),
         "__module__": __name__, "__doc__": Kafka2pcDataSource.__doc__,
     })
     spark.dataSource.register(registered)
-    jvm = spark.sparkContext._jvm
-    if jvm is not None:  # this thread's JVM thread looks data sources up through it
-        jvm.SparkSession.setActiveSession(spark._jsparkSession)
+    if not is_connect(spark):  # this thread's JVM thread looks data sources up through it
+        gateway = spark.sparkContext._jvm
+        if gateway is not None:
+            gateway.SparkSession.setActiveSession(spark._jsparkSession)
     return driver_monitor
 
 

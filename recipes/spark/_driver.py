@@ -23,7 +23,8 @@ from ._config import batch_columns, default_transaction_timeout_ms, executor_con
 from ._executor import ArrowWriter, TaskHook, WriterSpec
 from ._options import DEFAULT_PREFIX, check_reachable
 from ._protocol import Rewrite, SinkCoordinator
-from ._session import local_path, qualify, running_query_checkpoint, running_query_id
+from ._relay import receiver_address, relayed
+from ._session import is_connect, local_path, qualify, running_query_checkpoint, running_query_id
 from ._store import DecisionStore, HadoopDecisionStore, LocalDecisionStore
 from ._values import (
     RESULT_COLUMNS,
@@ -102,6 +103,13 @@ class KafkaTwoPhaseSink:
     ``sink.last_batch_metrics`` the newest.  Call :meth:`recover` to settle
     leftovers without running a batch, :meth:`close` when the query is done.
 
+    On Spark Connect, ``foreachBatch(sink)`` pickles the sink and runs the
+    copy in the server's ``foreachBatch`` worker, which cannot see the running
+    query: pass ``checkpoint_location`` (a path the server mounts).  The copy
+    builds its own locks and clients there; its log records and metrics reach
+    this object when the server runs on this host (see ``docs/spark.md``,
+    "Spark Connect").
+
     Example::
 
         sink = KafkaTwoPhaseSink({"bootstrap.servers": "localhost:9092"}, topic="out")
@@ -153,6 +161,43 @@ class KafkaTwoPhaseSink:
         self._by_query: dict[str, _Binding] = {}
         self._current: _Binding | None = None
         self._lock = threading.Lock()  # guards the bindings and the lazily built shared state
+        self._relay_address: str | None = None  # a pickled copy's (Spark Connect): the client's relay
+        self._relay_token: str | None = None
+
+    # -- pickling (Spark Connect's foreachBatch) -------------------------------
+    _RUNTIME_FIELDS: Final = ("_lock", "_admin", "_bindings", "_by_query", "_current", "_txn_timeout_ms",
+                              "_topic_checked", "_metrics")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The sink's settings, without what it built where it ran (locks, clients, queries, metrics).
+
+        Spark Connect pickles a ``foreachBatch`` function to run it in the
+        server; the copy builds its clients and bindings again there, lazily,
+        and relays its metrics and log records to this process (when the
+        server runs on this host).
+        """
+        state = {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME_FIELDS}
+        state["_metrics_history"] = self._metrics.maxlen
+        if self._relay_address is None:  # this process is the client: the copy relays to it
+            state["_relay_address"], self._relay_token = receiver_address(self._receive, self._relay_token)
+            state["_relay_token"] = self._relay_token
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        history = state.pop("_metrics_history")
+        self.__dict__.update(state)
+        self._metrics = deque(maxlen=history)
+        self._admin = None
+        self._txn_timeout_ms = None
+        self._topic_checked = False
+        self._bindings = {}
+        self._by_query = {}
+        self._current = None
+        self._lock = threading.Lock()
+
+    def _receive(self, metrics: BatchMetrics) -> None:
+        """A pickled copy's batch metrics, relayed back (Spark Connect)."""
+        self._metrics.append(metrics)
 
     # -- public -----------------------------------------------------------------
     @property
@@ -184,10 +229,13 @@ class KafkaTwoPhaseSink:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Write micro-batch ``batch_id`` exactly once (the ``foreachBatch`` entry point)."""
-        binding = self._binding_for(df.sparkSession)
-        with binding.lock:
-            self._current = binding
-            self._run_batch(binding, df, int(batch_id))
+        with relayed(self._relay_address) as relay:
+            binding = self._binding_for(df.sparkSession)
+            with binding.lock:
+                self._current = binding
+                metrics = self._run_batch(binding, df, int(batch_id))
+            if relay is not None:
+                relay.send_batch(metrics, self._relay_token)
 
     def recover(self, spark: SparkSession | None = None, *, checkpoint_location: str | None = None) -> SinkRecovery:
         """Settle every open transaction of this sink with the last durable decision; say what it did.
@@ -234,7 +282,7 @@ class KafkaTwoPhaseSink:
             self._admin = None
 
     # -- one batch -------------------------------------------------------------------
-    def _run_batch(self, b: _Binding, df: DataFrame, batch_id: int) -> None:
+    def _run_batch(self, b: _Binding, df: DataFrame, batch_id: int) -> BatchMetrics:
         started = time.monotonic()
         c = b.coordinator
         existing = b.store.get(batch_id)
@@ -245,12 +293,11 @@ class KafkaTwoPhaseSink:
             done = c.complete(existing, self._rewriter(b, df))
             b.recovered = True
             now = time.monotonic()
-            self._record(BatchMetrics(
+            return self._record(BatchMetrics(
                 batch_id, True, sum(t.records for t in done.decision.transactions), len(done.decision.transactions),
                 0, done.completion.committed, done.completion.strays_aborted, 0, tuple(done.repaired), {}, 0.0, 0.0,
                 0.0, 0.0, 0.0, 0.0, now - t0, now - started, now - t0, sink_id=b.sink_id,
             ))
-            return
         t0 = time.monotonic()
         leftovers = 0
         if not b.recovered:
@@ -269,7 +316,7 @@ class KafkaTwoPhaseSink:
         now = time.monotonic()
         visible = done.completion.visible_at or now  # the last commit; the stray sweep after it hides nothing
         c.purge(batch_id)
-        self._record(BatchMetrics(
+        return self._record(BatchMetrics(
             batch_id, False, sum(t.records for t in done.decision.transactions), len(done.decision.transactions),
             len(results), done.completion.committed, done.completion.strays_aborted, leftovers,
             tuple(done.repaired), {r.partition: r.attempt for r in results}, settle_s, write_s,
@@ -299,12 +346,11 @@ class KafkaTwoPhaseSink:
         it keeps a failed batch from holding back ``read_committed`` readers
         until the transaction timeout.
         """
-        from pyspark.sql import functions as sql
-
         columns = self._columns(df)
         # Each row's hash, computed in the JVM (cheap); the tasks sum them into the
-        # partition's fingerprint, which a repair compares (see repair_mismatch).
-        hashed = [sql.col(c) for c in columns] + [sql.isnull(c) for c in columns if c in ("key", "value")]
+        # partition's fingerprint, which a repair compares (see repair_mismatch).  SQL
+        # text, not pyspark.sql.functions: the same on a classic and a Connect session.
+        hashed = [f"`{c}`" for c in columns] + [f"isnull(`{c}`)" for c in columns if c in ("key", "value")]
         spec = WriterSpec(
             producer_config=self._executor_config(), transactional_id_base=b.transactional_id_base,
             topic=self._topic, columns=columns, batch_id=batch_id, only_partitions=only_partitions,
@@ -312,7 +358,7 @@ class KafkaTwoPhaseSink:
         )
         writer: Any = ArrowWriter(spec)
         job = (
-            df.select(*columns, sql.xxhash64(*hashed).alias(_FINGERPRINT_COLUMN))
+            df.selectExpr(*(f"`{c}`" for c in columns), f"xxhash64({', '.join(hashed)}) AS {_FINGERPRINT_COLUMN}")
             .coalesce(self._max_transactions).mapInArrow(writer, RESULT_DDL)
         )
         try:
@@ -377,9 +423,10 @@ class KafkaTwoPhaseSink:
                 "decision store from each query's checkpoint"
             )
         if checkpoint is None and (self._sink_id is None or self._store is None):
+            why = ("on Spark Connect the foreachBatch worker is not told its query" if is_connect(spark) else
+                   "cannot find the query's checkpoint location")
             raise UsageError(
-                "cannot find the query's checkpoint location: pass checkpoint_location=... (the same "
-                "path as the query's checkpointLocation option)"
+                f"{why}: pass checkpoint_location=... (the same path as the query's checkpointLocation option)"
             )
         sink_id = self._sink_id
         if sink_id is None:
@@ -435,7 +482,7 @@ class KafkaTwoPhaseSink:
                 self._admin = TransactionAdmin(self._config)
             return self._admin
 
-    def _record(self, metrics: BatchMetrics) -> None:
+    def _record(self, metrics: BatchMetrics) -> BatchMetrics:
         self._metrics.append(metrics)
         logger.info(
             "batch %d%s: %d records in %d transactions (%d committed, %d strays aborted, repaired %s); "
@@ -445,6 +492,7 @@ class KafkaTwoPhaseSink:
             list(metrics.repaired_partitions) or "none", metrics.write_s, metrics.decision_s,
             metrics.completion_s, metrics.time_to_visibility_s,
         )
+        return metrics
 
 
 _FINGERPRINT_COLUMN: Final = "__kafka2pc_row_hash"

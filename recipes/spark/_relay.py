@@ -15,6 +15,14 @@ is in the driver's logs before ``save()`` returns.
 
 The executors' tasks do not relay: their logs stay the executors'.  When the
 relay cannot be reached, a record goes to stderr as before.
+
+On Spark Connect the same relay serves the ``foreachBatch`` sink: a
+:class:`~kafka2pc.recipes.spark.KafkaTwoPhaseSink` pickled by the client
+carries the client's relay address and a token (:func:`receiver_address`);
+its copy in the server's ``foreachBatch`` worker relays its records and each
+batch's metrics, which the client hands to the sink object it kept.  A UNIX
+socket reaches only processes on the client's host: with a Connect server
+elsewhere the records stay in the server's logs.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ import socket
 import sys
 import tempfile
 import threading
+import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -126,7 +136,7 @@ class _Relay:
                     if "log" in message:
                         _handle_record(message["log"])
                     elif "batch" in message:
-                        self.monitor._batch(_metrics_from(message["batch"]))
+                        _deliver(self.monitor, message.get("to"), _metrics_from(message["batch"]))
                 except Exception:  # noqa: BLE001 - a malformed message is dropped, the worker goes on
                     logger.debug("format('kafka2pc') relay: dropped a message", exc_info=True)
                 try:
@@ -156,6 +166,7 @@ def _metrics_from(fields: dict[str, Any]) -> BatchMetrics:
 
 _relay: _Relay | None = None
 _relay_lock = threading.Lock()
+_receivers: dict[str, weakref.WeakMethod[Callable[[BatchMetrics], None]]] = {}
 
 
 def monitor() -> tuple[DataSourceMonitor, str]:
@@ -165,6 +176,30 @@ def monitor() -> tuple[DataSourceMonitor, str]:
         if _relay is None:
             _relay = _Relay(DataSourceMonitor())
         return _relay.monitor, _relay.address
+
+
+def receiver_address(receive: Callable[[BatchMetrics], None], token: str | None) -> tuple[str, str]:
+    """The relay's address and a token under which batch metrics reach ``receive`` (a bound method, held weakly).
+
+    Pass the token returned before to keep it (one per receiving object).
+    """
+    _, address = monitor()
+    token = token or uuid.uuid4().hex
+    with _relay_lock:
+        _receivers[token] = weakref.WeakMethod(receive)
+    return address, token
+
+
+def _deliver(driver_monitor: DataSourceMonitor, to: str | None, metrics: BatchMetrics) -> None:
+    """A batch's metrics to their receiver (``to``), or to the data source's monitor."""
+    if to is None:
+        driver_monitor._batch(metrics)
+        return
+    with _relay_lock:
+        ref = _receivers.get(to)
+    receive = ref() if ref is not None else None
+    if receive is not None:
+        receive(metrics)
 
 
 class RelayClient:
@@ -180,13 +215,16 @@ class RelayClient:
         self.level = int(json.loads(self._stream.readline())["level"])
         self.broken = False
 
-    def send(self, kind: str, payload: dict[str, Any]) -> bool:
-        """Send one message and wait until the driver handled it; ``False`` if the relay is gone."""
+    def send(self, kind: str, payload: dict[str, Any], to: str | None = None) -> bool:
+        """Send one message (to the receiver ``to``) and wait until the driver handled it; ``False`` if gone."""
+        message: dict[str, Any] = {kind: payload}
+        if to is not None:
+            message["to"] = to
         with self._lock:
             if self.broken:
                 return False
             try:
-                _write(self._stream, {kind: payload})
+                _write(self._stream, message)
                 if not self._stream.readline():
                     raise OSError("the relay closed the connection")
                 return True
@@ -194,9 +232,9 @@ class RelayClient:
                 self.broken = True
                 return False
 
-    def send_batch(self, metrics: BatchMetrics) -> None:
-        """Report one batch's metrics to the driver's :class:`DataSourceMonitor`."""
-        self.send("batch", dataclasses.asdict(metrics))
+    def send_batch(self, metrics: BatchMetrics, to: str | None = None) -> None:
+        """Report one batch's metrics to the driver's :class:`DataSourceMonitor` (or to the receiver ``to``)."""
+        self.send("batch", dataclasses.asdict(metrics), to)
 
     def close(self) -> None:
         with self._lock:

@@ -43,6 +43,7 @@ OTHER_RANGES: dict[str, tuple[int, int]] = {
     "control/test_tls broker, 4 ports (searches)": (1500, 1600),
     "testing/test_broker_lifecycle, 3-node clusters and two one-node ones": (1200, 1260),
     "spark/_standalone (searches)": (1700, 1800),
+    "spark connect: the shared session's server (+1800), the crash tests' servers (1810-1849)": (1800, 1850),
     "recipes/aio/test_async_dual_write_http servers": (1850, 1852),
     "recipes/test_writer_outage database proxy": (1860, 1861),
     "django/test_django_orders_http gunicorn": (1862, 1863),
@@ -60,6 +61,19 @@ def port_of(user: str) -> int:
         return port_base() + PRIVATE_BROKERS[user]
     except KeyError:
         raise KeyError(f"{user!r} has no slot in harness.ports.PRIVATE_BROKERS") from None
+
+
+def spark_connect_port() -> int:
+    """The Spark Connect port of the tests' shared SparkSession (tests/conftest.py's ``spark``)."""
+    return port_base() + 1800
+
+
+def spark_connect_server_port() -> int:
+    """A free port for a Spark Connect server of its own (the crash tests'), in this checkout's block."""
+    for port in range(port_base() + 1810, port_base() + 1850):
+        if is_closed(port):
+            return port
+    pytest.fail("no free Spark Connect port in this checkout's block")
 
 
 def is_closed(port: int) -> bool:

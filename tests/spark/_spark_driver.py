@@ -13,8 +13,11 @@ batches after ``last_batch`` write nothing, so the expected output is exact),
 ``files_dir`` and ``files_per_batch`` (files: JSON lines ``{"id": .., "v": ..}``
 read with Trigger.AvailableNow; ``value`` = ``v``, ``key`` = ``id % 7``),
 optional ``master`` (default ``local[2,4]``), ``spark_conf`` (extra Spark
-settings) and ``producer_config`` (extra producer settings), ``metrics_path``,
-``error_path`` (a failed query writes its error there and exits 3), ``log_path``.
+settings) and ``producer_config`` (extra producer settings), ``remote`` (a Spark
+Connect URL: this process is then a Connect client, and the sink runs in that
+server), ``prefix`` (the transactional id prefix), ``metrics_path``,
+``error_path`` (a failed query writes its error there and exits 3), ``log_path``,
+``writes`` (the data source's batch job: how many times it runs the write, default 1).
 No source needs Spark's Kafka connector.
 """
 
@@ -77,25 +80,31 @@ def main() -> None:
     from kafka2pc.recipes.spark._faults import inject_task_hook
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master(cfg.get("master", "local[2,4]"))
-        .appName("kafka2pc-crash-driver")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.sql.streaming.minBatchesToRetain", "20")
-    )
-    if cfg.get("task_hook"):  # the executors import the hook's module by name
-        builder = builder.config("spark.executorEnv.PYTHONPATH", os.path.dirname(os.path.abspath(__file__)))
-    for key, value in cfg.get("spark_conf", {}).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    if cfg.get("remote"):
+        spark = SparkSession.builder.remote(cfg["remote"]).create()
+    else:
+        builder = (
+            SparkSession.builder.master(cfg.get("master", "local[2,4]"))
+            .appName("kafka2pc-crash-driver")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.ui.enabled", "false")
+            .config("spark.pyspark.python", sys.executable)
+            .config("spark.sql.streaming.minBatchesToRetain", "20")
+        )
+        if cfg.get("task_hook"):  # the executors import the hook's module by name
+            builder = builder.config("spark.executorEnv.PYTHONPATH", os.path.dirname(os.path.abspath(__file__)))
+        for key, value in cfg.get("spark_conf", {}).items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
 
     producer_config = {"bootstrap.servers": cfg["bootstrap"], **cfg.get("producer_config", {})}
     if cfg.get("sink") == "datasource":
         run_data_source(spark, cfg, producer_config)
-    sink = KafkaTwoPhaseSink(producer_config, topic=cfg["out_topic"], on_step=crash_hook())
+    where = {"checkpoint_location": cfg["checkpoint"]} if cfg.get("remote") else {}  # Connect: the sink is told
+    if cfg.get("prefix"):
+        where["transactional_id_prefix"] = cfg["prefix"]
+    sink = KafkaTwoPhaseSink(producer_config, topic=cfg["out_topic"], on_step=crash_hook(), **where)
     inject_task_hook(sink, task_hook(cfg.get("task_hook")))
     done = threading.Event()
 
@@ -164,13 +173,16 @@ def run_data_source(spark, cfg, producer_config):  # type: ignore[no-untyped-def
         spark.dataSource.register(Source)
     options = {f"kafka.{k}": str(v) for k, v in producer_config.items()}
     options["topic"] = cfg["out_topic"]
+    if cfg.get("prefix"):
+        options["kafka2pc.transactionalIdPrefix"] = cfg["prefix"]
     error = None
     if cfg["source"] == "batch":
         options.update({"kafka2pc.runId": cfg["run_id"], "kafka2pc.decisionPath": cfg["decision_path"]})
         df = spark.read.schema("id long, v string").json(cfg["files_dir"]).selectExpr(
             "CAST(id % 7 AS STRING) AS key", "v AS value")
         try:
-            df.write.format("kafka2pc").options(**options).mode("append").save()
+            for _ in range(int(cfg.get("writes", 1))):  # a second write with the run id must write nothing
+                df.write.format("kafka2pc").options(**options).mode("append").save()
         except Exception as exc:  # noqa: BLE001 - reported below
             error = exc
     else:

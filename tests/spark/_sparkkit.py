@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from typing import Any
 from kafka2pc.testing import drain, end_offsets
 
 DRIVER = Path(__file__).with_name("_spark_driver.py")
+REPO = Path(__file__).resolve().parents[2]
 RUN_ENV = "K2PC_SPARK_TEST_RUN"
 
 
@@ -97,6 +99,82 @@ class DriverRun:
         assert not left, f"processes of the killed driver outlived it: {left}"
 
 
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def start_connect_server(work: Path, name: str, port: int, master: str = "local[3,4]") -> DriverRun:
+    """A Spark Connect server in its own process group (PySpark's ``SparkConnectServer``, as
+    ``sbin/start-connect-server.sh`` runs it), listening on ``127.0.0.1:port``; returns once it accepts connections.
+
+    Its JVM, Python workers (PYSPARK_PYTHON: this interpreter, which has kafka2pc) and ``foreachBatch``
+    worker carry the run's marker, so :meth:`DriverRun.kill_group` SIGKILLs all of them.
+    """
+    import pyspark
+
+    run_id = uuid.uuid4().hex
+    stderr_path = work / f"{name}.server.stderr"
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
+    env[RUN_ENV] = run_id
+    env["PYSPARK_PYTHON"] = sys.executable
+    # PySpark finds pyspark_* modules by listing sys.path (pkgutil), which does not see an editable install's
+    # import hook. A wheel puts pyspark_kafka2pc.py in site-packages; here the checkout's copy is put on the
+    # path. (A classic driver's workers start in its working directory, the checkout; a Connect server's start
+    # in each session's artifact directory.)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    command = [
+        str(submit), "--class", CONNECT_SERVER_CLASS, "--name", f"kafka2pc-{name}", "--master", master,
+        "--conf", "spark.connect.grpc.binding.address=127.0.0.1", "--conf", f"spark.connect.grpc.binding.port={port}",
+        "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.ui.enabled=false",
+        "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.sql.streaming.minBatchesToRetain=20",
+    ]
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    server = DriverRun(proc, run_id, stderr_path, work / f"{name}.server.unused", stderr_path)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the Connect server exited (rc={proc.returncode}): {server.log()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return server
+        except OSError:
+            time.sleep(0.5)
+    server.kill_group()
+    raise AssertionError(f"the Connect server did not listen on {port} in 180 s: {server.log()}")
+
+
+@dataclass
+class ConnectChain:
+    """Driver runs of one query or job on Spark Connect: each run gets a new server (the last one was SIGKILLed)."""
+
+    work: Path
+    port: int
+    master: str = "local[3,4]"
+    lives: int = 0
+
+    def server(self, name: str) -> DriverRun:
+        self.lives += 1
+        return start_connect_server(self.work, name, self.port, self.master)
+
+    def crash(self, cfg: dict[str, Any], crash_at: str, crash_batch: int, name: str) -> str:
+        """Run the client until the sink reaches ``crash_at`` of ``crash_batch`` in the server; SIGKILL the server."""
+        server = self.server(name)
+        try:
+            return crash_driver(dict(cfg, remote=f"sc://127.0.0.1:{self.port}"), self.work, crash_at, crash_batch,
+                                name, also_kill=server)
+        finally:
+            server.kill_group()
+
+    def finish(self, cfg: dict[str, Any], name: str) -> list[dict[str, Any]]:
+        """Run the client to the end on a new server; stop the server."""
+        server = self.server(name)
+        try:
+            return finish_driver(dict(cfg, remote=f"sc://127.0.0.1:{self.port}"), self.work, name)
+        finally:
+            server.kill_group()
+
+
 def start_driver(
     cfg: dict[str, Any], work: Path, faults: dict[str, Any] | None, name: str
 ) -> DriverRun:
@@ -120,8 +198,14 @@ def start_driver(
     return DriverRun(proc, run_id, log_path, metrics_path, stderr_path)
 
 
-def crash_driver(cfg: dict[str, Any], work: Path, crash_at: str, crash_batch: int, name: str) -> str:
-    """Run the driver until the sink reaches ``crash_at`` in ``crash_batch``; SIGKILL its group there."""
+def crash_driver(
+    cfg: dict[str, Any], work: Path, crash_at: str, crash_batch: int, name: str, also_kill: DriverRun | None = None
+) -> str:
+    """Run the driver until the sink reaches ``crash_at`` in ``crash_batch``; SIGKILL its group there.
+
+    ``also_kill``: the Spark Connect server the driver is a client of, SIGKILLed first (it is where the
+    sink runs).
+    """
     marker = work / f"{name}.crashed"
     run = start_driver(
         cfg, work, {"crash_at": crash_at, "crash_batch": crash_batch, "crash_marker": str(marker)}, name
@@ -135,6 +219,8 @@ def crash_driver(cfg: dict[str, Any], work: Path, crash_at: str, crash_batch: in
                 raise AssertionError(f"driver never reached {crash_at} of batch {crash_batch}: {run.log()}")
             time.sleep(0.2)
     finally:
+        if also_kill is not None:
+            also_kill.kill_group()
         run.kill_group()
     return marker.read_text().strip()
 

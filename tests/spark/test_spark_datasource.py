@@ -23,6 +23,7 @@ from _sparkkit import assert_exactly_once, hanging, write_json_files
 from kafka2pc.recipes.spark import LocalDecisionStore, SinkRecovery, SinkStep, recover, register_data_source
 from kafka2pc.recipes.spark._datasource import Kafka2pcDataSource
 from kafka2pc.recipes.spark._faults import FaultInjection
+from pyspark.errors import AnalysisException, PythonException
 
 from kafka2pc import TransactionAdmin
 from kafka2pc.testing import drain
@@ -161,31 +162,34 @@ def test_columns_and_bad_input(
 
     missing = f"no-such-topic-{uuid.uuid4().hex[:8]}"
     three = spark.range(3).selectExpr("CAST(id AS STRING) AS value")
-    # (case, input, topic option, options, the error's own line, its bound in seconds). Measured on a loaded
-    # 2-core machine: 0.1-0.5 s for the writer's checks before any task (a metadata request), 6-8 s for a
+    # (case, input, topic option, options, the error's own line, its bound in seconds, what PySpark wraps it
+    # in: the writer's checks in an AnalysisException [PYTHON_DATA_SOURCE_ERROR], a task's error in a
+    # PythonException; captured from the JVM on a classic session, from the server on Connect, with the same
+    # base classes). Measured on a loaded 2-core machine: 0.1-0.5 s for the writer's checks before any task (a metadata request), 6-8 s for a
     # failing task (four attempts, local[2,4], then the driver's two sweeps for prepared transactions, 3 s
     # apart), 0.05 s for a refused bootstrap. The bounds leave room for a busier machine.
-    cases: list[tuple[str, DataFrame, str | None, dict[str, str], str, float]] = [
+    cases: list[tuple[str, DataFrame, str | None, dict[str, str], str, float, type[Exception]]] = [
         ("no value column", spark.range(3).selectExpr("CAST(id AS STRING) AS key"), t1, {},
-         r"UsageError: required attribute 'value' not found", 10),
-        ("no topic", three, None, {}, r"UsageError: topic option required when no 'topic' attribute is present", 10),
+         r"UsageError: required attribute 'value' not found", 10, AnalysisException),
+        ("no topic", three, None, {}, r"UsageError: topic option required when no 'topic' attribute is present", 10,
+         AnalysisException),
         ("missing topic option", three, missing, {},
-         rf"UnknownTopicError: topic '{missing}' \(the topic option\) does not exist", 10),
+         rf"UnknownTopicError: topic '{missing}' \(the topic option\) does not exist", 10, AnalysisException),
         ("null topic", spark.range(0, 90, numPartitions=3).selectExpr(
             f"IF(id = 80, NULL, '{t1}') AS topic", "CAST(id AS STRING) AS value"), None, {},
-         r"UsageError: row \d+ has a null topic and no topic option is set", 30),
+         r"UsageError: row \d+ has a null topic and no topic option is set", 30, PythonException),
         ("missing topic in a row", spark.range(0, 90, numPartitions=3).selectExpr(
             f"IF(id = 80, '{missing}', '{t1}') AS topic", "CAST(id AS STRING) AS value"), None, {},
-         rf"UnknownTopicError: topic '{missing}' does not exist \(batch 0\)", 30),
+         rf"UnknownTopicError: topic '{missing}' does not exist \(batch 0\)", 30, PythonException),
         # No broker listens on port 9: the writer's bootstrap check fails before any Kafka request
         # (the control plane alone retried for 30 s), naming the address and the cause.
         ("refused bootstrap", three, t1, {"kafka.bootstrap.servers": "127.0.0.1:9"},
-         r"BrokerUnavailableError: Kafka unreachable: 127\.0\.0\.1:9: connection refused", 5),
+         r"BrokerUnavailableError: Kafka unreachable: 127\.0\.0\.1:9: connection refused", 5, AnalysisException),
     ]
     before = {t: len(drain(kafka_bootstrap, t, "read_committed")) for t in (t1, t2)}
-    for name, bad, topic, extra, error, bound_s in cases:
+    for name, bad, topic, extra, error, bound_s, wrapper in cases:
         started = time.monotonic()
-        with pytest.raises(Exception, match=error):
+        with pytest.raises(wrapper, match=error):
             batch_write(bad, extra.get("kafka.bootstrap.servers", kafka_bootstrap), topic, **dict(opts, **extra))
         elapsed = time.monotonic() - started
         assert elapsed < bound_s, f"{name}: took {elapsed:.1f}s to fail (bound {bound_s:g}s)"
@@ -266,6 +270,29 @@ def test_a_thread_that_registers_writes(
         thread.join(120)
     assert not errors, errors
     assert_exactly_once(kafka_bootstrap, out, values(200))
+
+
+@pytest.mark.spark_modes("connect")
+def test_on_connect_a_thread_that_did_not_register_writes(
+    spark: SparkSession, kafka2pc_format: Any, kafka_bootstrap: str, topic_factory: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    """On Spark Connect the registration is the server-side session's: a client thread needs no call of its own."""
+    out = topic_factory(partitions=2)
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            batch_write(spark.range(0, 100, numPartitions=2).selectExpr("CAST(id AS STRING) AS value"),
+                        kafka_bootstrap, out, **{"kafka2pc.decisionPath": str(tmp_path / "d")})
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    thread.join(120)
+    assert not errors, errors
+    assert_exactly_once(kafka_bootstrap, out, values(100))
 
 
 def test_the_datasource_module_path_is_deprecated() -> None:

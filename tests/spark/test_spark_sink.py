@@ -7,7 +7,8 @@ is left open (last stable offset == high watermark).
 
 from __future__ import annotations
 
-import threading
+import pickle
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from kafka2pc.recipes.spark import (
 )
 from kafka2pc.recipes.spark._executor import WriterSpec, write_partition
 from kafka2pc.recipes.spark._faults import FaultInjection, inject_task_hook
+from pyspark import cloudpickle
 
 from kafka2pc import BrokerUnavailableError, PreparedTxnState, TransactionOutcome, UsageError
 from kafka2pc._control import ControlPlane
@@ -37,33 +39,58 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+class UpTo:
+    """A ``foreachBatch`` function that hands batches ``0..last_batch`` to ``sink`` and ignores later ones.
+
+    A picklable object, not a closure over a lock: Spark Connect pickles the
+    function into the server (this module goes by value, see below).
+    """
+
+    def __init__(self, sink: Callable[[Any, int], None], last_batch: int) -> None:
+        self.sink = sink
+        self.last_batch = last_batch
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        if batch_id <= self.last_batch:
+            self.sink(df, batch_id)
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the Connect server cannot import this module
+
+
+def last_batch_done(query: Any) -> int:
+    """The id of the newest batch the query finished (``-1`` before the first)."""
+    progress = query.lastProgress
+    if progress is None:
+        return -1
+    return int(progress["batchId"] if isinstance(progress, dict) else progress.batchId)
+
+
 def run_rate_query(
     spark: SparkSession, sink: Callable[[Any, int], None], checkpoint: Path, rows: int, last_batch: int
 ) -> None:
     """Stream ``rate-micro-batch`` rows (values 0, 1, ...) through ``sink`` for batches 0..last_batch."""
-    done = threading.Event()
-
-    def foreach_batch(df: Any, batch_id: int) -> None:
-        if batch_id <= last_batch:
-            sink(df, batch_id)
-        if batch_id >= last_batch:
-            done.set()
-
     query = (
         spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows).option("numPartitions", 2).load()
         .selectExpr("CAST(value AS STRING) AS value")
-        .writeStream.foreachBatch(foreach_batch)
+        .writeStream.foreachBatch(UpTo(sink, last_batch))
         .option("checkpointLocation", str(checkpoint))
         .start()
     )
     try:
         deadline = time.monotonic() + 180
-        while not done.is_set() and query.isActive and time.monotonic() < deadline:
+        while last_batch_done(query) < last_batch and query.isActive and time.monotonic() < deadline:
             time.sleep(0.2)
+        reached = last_batch_done(query) >= last_batch
     finally:
         query.stop()
     assert query.exception() is None, f"the query failed: {query.exception()}"
-    assert done.is_set(), "the query did not reach its last batch"
+    assert reached, "the query did not reach its last batch"
+
+
+def on_query(spark_mode: str, checkpoint: Path) -> dict[str, str]:
+    """The sink's arguments for a query at ``checkpoint``: on Spark Connect the sink is told it (docs/spark.md)."""
+    return {"checkpoint_location": str(checkpoint)} if spark_mode == "connect" else {}
 
 
 def values(n: int) -> list[bytes]:
@@ -71,12 +98,13 @@ def values(n: int) -> list[bytes]:
 
 
 def test_task_failing_after_prepare_is_retried_without_duplicates(
-    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+    spark: SparkSession, spark_mode: str, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
     """Attempt 0 of partition 0 prepares its transaction and then fails: the retry's transaction commits, not both."""
     out = topic_factory(partitions=2)
     faults = FaultInjection(fail_task_at="after_prepare", fail_task_attempts=1, fail_partitions=(0,))
-    sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out), faults)
+    sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out,
+                                              **on_query(spark_mode, tmp_path / "chk")), faults)
     run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
 
     assert [m.batch_id for m in sink.metrics()] == [0, 1, 2]
@@ -90,12 +118,13 @@ def test_task_failing_after_prepare_is_retried_without_duplicates(
 
 
 def test_speculative_copy_fencing_the_original_makes_it_fail(
-    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+    spark: SparkSession, spark_mode: str, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
     """A second attempt that starts while the first one writes fences it: the first fails, a retry wins."""
     out = topic_factory(partitions=2)
     faults = FaultInjection(duplicate_attempt="fences_original", fail_partitions=(1,), task_batch=1)
-    sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out), faults)
+    sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out,
+                                              **on_query(spark_mode, tmp_path / "chk")), faults)
     run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
 
     by_batch = {m.batch_id: m for m in sink.metrics()}
@@ -106,19 +135,23 @@ def test_speculative_copy_fencing_the_original_makes_it_fail(
 
 
 def test_late_speculative_copy_aborting_the_winner_is_repaired(
-    spark: SparkSession, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+    spark: SparkSession, spark_mode: str, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
     """A copy that starts after the original prepared aborts the winner's transaction; the sink rewrites it once."""
     out = topic_factory(partitions=2)
     faults = FaultInjection(duplicate_attempt="after_prepare", fail_partitions=(0,), task_batch=1)
-    sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out), faults)
+    sink = inject_task_hook(KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic=out,
+                                              **on_query(spark_mode, tmp_path / "chk")), faults)
     run_rate_query(spark, sink, tmp_path / "chk", rows=300, last_batch=2)
 
     by_batch = {m.batch_id: m for m in sink.metrics()}
     assert by_batch[1].repaired_partitions == (0,)
     assert by_batch[0].repaired_partitions == () and by_batch[2].repaired_partitions == ()
-    store = sink.decision_store
-    assert store is not None
+    # The decisions live with the checkpoint. On Connect the sink that ran them is the server's copy: this
+    # object only hears its metrics, and reads the store from the (shared) checkpoint directory.
+    store = sink.decision_store if spark_mode == "classic" else LocalDecisionStore(
+        tmp_path / "chk" / "kafka2pc" / by_batch[1].sink_id)
+    assert store is not None and store.location == str(tmp_path / "chk" / "kafka2pc" / by_batch[1].sink_id)
     decision = store.get(1)
     assert decision is not None and decision.revision == 1  # the repair named a new state for partition 0
     assert_exactly_once(kafka_bootstrap, out, values(900))
@@ -245,6 +278,41 @@ def test_columns_key_topic_partition_headers(
         KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap, "transactional.id": "x"}, topic=t1)
 
 
+@pytest.mark.spark_modes("connect")
+def test_on_connect_the_sink_is_told_the_checkpoint_location(
+    spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Spark Connect's foreachBatch worker is not told its query: without checkpoint_location the query fails, naming it."""
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic="t")
+    query = (
+        spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
+        .selectExpr("CAST(value AS STRING) AS value")
+        .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "chk")).start()
+    )
+    try:
+        with pytest.raises(Exception, match=r"UsageError: on Spark Connect the foreachBatch worker is not told its "
+                                            r"query: pass checkpoint_location=\.\.\."):
+            query.awaitTermination(120)
+    finally:
+        query.stop()
+
+
+def test_the_sink_pickles_without_what_it_built_where_it_ran(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Spark Connect pickles the foreachBatch function: the copy keeps the settings, builds locks and clients anew."""
+    sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic="out", checkpoint_location=str(tmp_path),
+                             metrics_history=7, max_transactions=5)
+    sink._transaction_admin()  # a live client and a lock: what the Connect server's pickler refused
+    copy = pickle.loads(cloudpickle.dumps(sink))
+    assert copy._admin is None and copy._bindings == {} and copy.metrics() == []
+    assert copy._lock is not sink._lock and copy._metrics.maxlen == 7
+    assert (copy._config, copy._topic, copy._checkpoint_location, copy._max_transactions) == (
+        sink._config, "out", str(tmp_path), 5)
+    assert copy._relay_address is not None and copy._relay_token == sink._relay_token  # back to this object
+    again = pickle.loads(cloudpickle.dumps(sink))
+    assert again._relay_token == sink._relay_token  # one token per sink object
+    sink.close()
+
+
 def test_task_hooks_are_a_private_seam_not_an_argument() -> None:
     faults = FaultInjection(fail_task_at="after_prepare")
     with pytest.raises(TypeError, match="faults"):
@@ -282,6 +350,7 @@ def _consume_with_headers(bootstrap: str, topic: str, expected: int) -> list[Any
     return messages
 
 
+@pytest.mark.spark_modes("classic")  # HadoopDecisionStore goes through the driver's JVM
 @pytest.mark.parametrize("kind", ["local", "hadoop"])
 def test_decision_store_is_append_only(spark: SparkSession, tmp_path: Path, kind: str) -> None:
     """Decisions are created atomically, never replaced; the highest revision of a batch wins; old ones purge."""
