@@ -21,6 +21,8 @@ sqlite3): the one place that looks at the vendor.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -31,9 +33,11 @@ from kafka2pc import UsageError
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-__all__ = ["BorrowedPool", "borrowed_engine", "dialect_url", "own_engine"]
+__all__ = ["BorrowedPool", "TestCasePool", "borrowed_engine", "dialect_url", "own_engine", "savepoint_block",
+           "test_case_engine"]
 
 _RECORD_ATTR = "_kafka2pc_pool_entry"
+_TEST_CASE_ATTR = "_kafka2pc_test_case_entry"
 
 
 def dialect_url(wrapper: BaseDatabaseWrapper) -> str:
@@ -103,6 +107,77 @@ class BorrowedPool(Pool):
 
     def recreate(self) -> BorrowedPool:
         return BorrowedPool(self._alias, _dispatch=self.dispatch, dialect=self._dialect)
+
+
+class TestCasePool(BorrowedPool):
+    """:class:`BorrowedPool` of :func:`test_case_engine` (its own pool entries: another dialect set them up)."""
+
+    def _do_get(self) -> ConnectionPoolEntry:
+        wrapper = self._wrapper()
+        wrapper.ensure_connection()
+        entry: ConnectionPoolEntry | None = getattr(wrapper, _TEST_CASE_ATTR, None)
+        if entry is None or entry.dbapi_connection is not wrapper.connection:
+            entry = self._create_connection()
+            setattr(wrapper, _TEST_CASE_ATTR, entry)
+        return entry
+
+    def status(self) -> str:
+        return f"TestCasePool({self._alias!r})"
+
+    def recreate(self) -> TestCasePool:
+        return TestCasePool(self._alias, _dispatch=self.dispatch, dialect=self._dialect)
+
+
+_savepoints: dict[int, tuple[BaseDatabaseWrapper, str]] = {}
+"""Per DB-API connection (by ``id``) in a test-case block: its Django wrapper and the block's savepoint."""
+
+
+@contextmanager
+def savepoint_block(wrapper: BaseDatabaseWrapper, savepoint: str) -> Iterator[None]:
+    """While inside, :func:`test_case_engine`'s rollback on ``wrapper``'s connection rolls back to ``savepoint``."""
+    key = id(wrapper.connection)
+    _savepoints[key] = (wrapper, savepoint)
+    try:
+        yield
+    finally:
+        _savepoints.pop(key, None)
+
+
+def _commit_in_test_case(dbapi_connection: Any) -> None:
+    """Nothing: the rows stay in the test's transaction (Django's atomic releases the block's savepoint)."""
+
+
+def _rollback_in_test_case(dbapi_connection: Any) -> None:
+    """Back to the block's savepoint, on the driver's cursor (past Django's execute wrappers); outside a block,
+    nothing (the dialect's first connect)."""
+    found = _savepoints.get(id(dbapi_connection))
+    if found is None:
+        return
+    wrapper, savepoint = found
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(wrapper.ops.savepoint_rollback_sql(savepoint))
+    finally:
+        cursor.close()
+
+
+def test_case_engine(alias: str) -> sa.Engine:
+    """The engine of a dual write inside a ``django.test.TestCase``: Django's connection, in the test's transaction.
+
+    Its COMMIT sends nothing and its ROLLBACK rolls back to the block's
+    savepoint (:func:`savepoint_block`): the test's transaction stays open,
+    and Django rolls it back at the test's end.  Its first connect runs inside
+    the test's transaction (the dialect reads the server version; the
+    rollback that follows sends nothing).
+    """
+    from django.db import connections
+
+    url = dialect_url(connections[alias])
+    engine = sa.create_engine(url, pool=TestCasePool(alias), **_engine_options(url))
+    # This engine's own dialect instance: its transaction ends are the test case's.
+    engine.dialect.do_commit = _commit_in_test_case  # type: ignore[method-assign]
+    engine.dialect.do_rollback = _rollback_in_test_case  # type: ignore[method-assign]
+    return engine
 
 
 def borrowed_engine(alias: str) -> sa.Engine:

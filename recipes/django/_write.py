@@ -19,15 +19,17 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from sqlalchemy.orm import Session
 
 from kafka2pc import UsageError
 
 from ..dual_write import DualWriteTransaction, TransactionMisuseError
 from ..dual_write._async_handle import AsyncTransactionHandle
+from ._engines import savepoint_block
 from ._guard import StatementGuard
-from ._runtime import runtime_for
+from ._runtime import AliasRuntime, runtime_for
 
-__all__ = ["AsyncDualWrite", "NestedAtomicError", "adual_write", "dual_write"]
+__all__ = ["AsyncDualWrite", "NestedAtomicError", "adual_write", "dual_write", "in_test_case"]
 
 logger = logging.getLogger("kafka2pc.recipes.django")
 
@@ -45,7 +47,29 @@ class _RollbackRequested(Exception):
     """The block marked its transaction for rollback (``transaction.set_rollback(True)``)."""
 
 
-def _check_outermost(alias: str) -> None:
+def in_test_case(alias: str) -> bool:
+    """True when the only atomic blocks open on ``alias`` are those a ``django.test.TestCase`` opened.
+
+    Django marks them (``Atomic._from_testcase``, the flag its ``durable``
+    check reads): a dual write there runs in the test's transaction (see
+    :func:`dual_write`).
+    """
+    conn = connections[alias]
+    blocks = conn.atomic_blocks
+    return bool(conn.in_atomic_block and blocks and all(getattr(b, "_from_testcase", False) for b in blocks))
+
+
+def _atomic_requests_hint(alias: str) -> str:
+    if connections[alias].settings_dict.get("ATOMIC_REQUESTS"):
+        return (f"; DATABASES[{alias!r}]['ATOMIC_REQUESTS'] is on: decorate the view with "
+                "@transaction.non_atomic_requests (or non_atomic_requests(using=...)) so that dual_write() "
+                "opens the request's transaction itself")
+    return ("; a view under @transaction.atomic: remove the decorator (dual_write() is the view's transaction), "
+            "and with ATOMIC_REQUESTS decorate the view with @transaction.non_atomic_requests")
+
+
+def _check_outermost(alias: str) -> bool:
+    """Refuse an enclosing transaction; True if the enclosing ones are a ``TestCase``'s (test-case mode)."""
     from django.utils.connection import ConnectionDoesNotExist
 
     try:
@@ -53,14 +77,23 @@ def _check_outermost(alias: str) -> None:
     except ConnectionDoesNotExist as exc:
         raise UsageError(f"dual_write(using={alias!r}): settings.DATABASES has no database {alias!r}") from exc
     if conn.in_atomic_block:
+        if in_test_case(alias):
+            if conn.vendor == "sqlite":
+                raise NestedAtomicError(
+                    f"dual_write(using={alias!r}) inside a django.test.TestCase on SQLite: SQLite admits one writer, "
+                    "and the test's transaction holds the database, so the pool's leases cannot be written. Use "
+                    "TransactionTestCase (pytest: django_db(transaction=True)) on SQLite, or TestCase on "
+                    "PostgreSQL or MySQL/MariaDB"
+                )
+            return True
         raise NestedAtomicError(
             f"dual_write(using={alias!r}) must be the outermost transaction.atomic of database {alias!r}, but it "
-            "was entered inside one; run it outside (a test case: pytest.mark.django_db(transaction=True) or "
-            "TransactionTestCase)"
+            f"was entered inside one{_atomic_requests_hint(alias)}. Nothing was written"
         )
     if not conn.get_autocommit():
         raise NestedAtomicError(f"dual_write(using={alias!r}) needs autocommit on database {alias!r} (Django's "
                                 "default); transaction.set_autocommit(False) is in effect")
+    return False
 
 
 @contextmanager
@@ -93,12 +126,22 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
             tx.produce("orders", key=str(order.pk), value=order.to_json())
     """
     alias = using or DEFAULT_DB_ALIAS
-    _check_outermost(alias)
+    test_case = _check_outermost(alias)
     runtime = runtime_for(alias)
     conn = connections[alias]
     guard = StatementGuard(conn.vendor, alias)
     try:
-        with transaction.atomic(using=alias), runtime.borrowed.connect() as borrowed:
+        if test_case:
+            with _in_test_case(runtime, alias) as bind, conn.execute_wrapper(guard), \
+                    runtime.pool.transaction(bind) as tx:
+                yield tx
+                if guard.refused is not None:
+                    raise guard.error()
+                if conn.needs_rollback:
+                    raise _RollbackRequested
+            return
+        engine = runtime.borrowed()  # made (its dialect initialised) outside the block's transaction
+        with transaction.atomic(using=alias), engine.connect() as borrowed:
             with conn.execute_wrapper(guard), runtime.pool.transaction(borrowed) as tx:
                 yield tx
                 if guard.refused is not None:
@@ -107,6 +150,21 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
                     raise _RollbackRequested
     except _RollbackRequested:
         logger.debug("%s: the block asked for a rollback; both sides rolled back", alias)
+
+
+@contextmanager
+def _in_test_case(runtime: AliasRuntime, alias: str) -> Iterator[Session]:
+    """The block's savepoint in the test's transaction, and a Session on it whose COMMIT sends nothing.
+
+    A Session, not a Connection: the pool then sends the state update and the
+    COMMIT as two calls (never the one-statement ``...; COMMIT`` of psycopg 3),
+    and the COMMIT is ``_engines.test_case_engine``'s, which sends nothing and keeps
+    the rows in the test's transaction.
+    """
+    conn = connections[alias]
+    with transaction.atomic(using=alias), runtime.test_case().connect() as borrowed, \
+            savepoint_block(conn, conn.savepoint_ids[-1]), Session(bind=borrowed) as session:
+        yield session
 
 
 class AsyncDualWrite(AsyncTransactionHandle):

@@ -32,6 +32,7 @@ if _OWN_SETTINGS:
     del os.environ["DJANGO_SETTINGS_MODULE"]
 
 from djtest.params import on  # noqa: E402 - after django.setup()
+from kafka2pc.recipes.django.testing import kafka2pc_pools  # noqa: E402, F401 - the shipped fixture, as users load it
 
 
 @pytest.fixture

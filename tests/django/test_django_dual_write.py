@@ -100,9 +100,23 @@ def test_inside_another_atomic_block_it_fails_at_once(alias: str, kafka_bootstra
     topic = topic_factory()
     with transaction.atomic(using=alias):
         Item.objects.using(alias).create(id="outer", series="s")
-        with pytest.raises(NestedAtomicError, match="outermost"):
+        with pytest.raises(NestedAtomicError, match="outermost") as raised:
             with dual_write(using=alias):
                 pytest.fail("the block must not run")  # pragma: no cover
+    assert "@transaction.non_atomic_requests" in str(raised.value)  # the way out of ATOMIC_REQUESTS
+
+    @transaction.atomic(using=alias)
+    def view() -> None:  # what ATOMIC_REQUESTS makes of a view: the error names the decorator and the alias
+        with dual_write(using=alias):
+            pytest.fail("the block must not run")  # pragma: no cover
+
+    connections[alias].settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        with pytest.raises(NestedAtomicError, match=r"ATOMIC_REQUESTS'\] is on: decorate the view with "
+                                                    r"@transaction.non_atomic_requests"):
+            view()
+    finally:
+        connections[alias].settings_dict["ATOMIC_REQUESTS"] = False
     assert isinstance(NestedAtomicError("x"), TransactionMisuseError)
     assert _rows(alias) == ["outer"]  # the enclosing block was not disturbed
     assert not WriterLease.objects.using(alias).exclude(owner=None).exists()  # no id was leased

@@ -85,3 +85,13 @@ def test_the_system_check_reports_a_bad_setting(settings: Any) -> None:
     assert isinstance(error, Error) and error.id == "kafka2pc.E001" and "POOL_SIZE" in error.msg
     settings.KAFKA2PC = GOOD
     assert check_settings() == []
+
+
+def test_atomic_requests_is_a_warning_per_alias(settings: Any) -> None:
+    from django.core.checks import Warning, run_checks
+
+    assert not [m for m in run_checks() if m.id == "kafka2pc.W001"]
+    settings.DATABASES = {**settings.DATABASES, "pg": {**settings.DATABASES["pg"], "ATOMIC_REQUESTS": True}}
+    (warning,) = [m for m in run_checks() if m.id == "kafka2pc.W001"]  # manage.py check runs it (no --database)
+    assert isinstance(warning, Warning) and "'pg'" in warning.msg
+    assert "@transaction.non_atomic_requests" in (warning.hint or "")
