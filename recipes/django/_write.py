@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from typing import Any
 
+import sqlalchemy as sa
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from sqlalchemy.orm import Session
 
@@ -26,7 +27,7 @@ from kafka2pc import UsageError
 from ..dual_write import DualWriteTransaction, TransactionMisuseError
 from ..dual_write._async_handle import AsyncTransactionHandle
 from ._engines import savepoint_block
-from ._guard import StatementGuard
+from ._guard import StatementGuard, guard_other_aliases
 from ._runtime import AliasRuntime, runtime_for
 
 __all__ = ["AsyncDualWrite", "NestedAtomicError", "adual_write", "dual_write", "in_test_case"]
@@ -108,7 +109,9 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
     asked for by ``set_rollback`` ends the block quietly).  Statements that
     would end the database transaction are refused
     (:class:`~kafka2pc.recipes.dual_write.TransactionMisuseError`, and the
-    block rolls back on both sides).  The yielded handle's ``produce()`` is
+    block rolls back on both sides), and so are writes sent, in the block's
+    thread, to another database alias (they would commit outside the
+    two-phase commit).  The yielded handle's ``produce()`` is
     :meth:`~kafka2pc.recipes.dual_write.DualWriteTransaction.produce`.
 
     Bounds: waiting for a free transactional id, including the recovery of
@@ -130,26 +133,32 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
     runtime = runtime_for(alias)
     conn = connections[alias]
     guard = StatementGuard(conn.vendor, alias)
+    block: AbstractContextManager[Session | sa.Connection]
     try:
         if test_case:
-            with _in_test_case(runtime, alias) as bind, conn.execute_wrapper(guard), \
-                    runtime.pool.transaction(bind) as tx:
-                yield tx
-                if guard.refused is not None:
-                    raise guard.error()
-                if conn.needs_rollback:
-                    raise _RollbackRequested
-            return
-        engine = runtime.borrowed()  # made (its dialect initialised) outside the block's transaction
-        with transaction.atomic(using=alias), engine.connect() as borrowed:
-            with conn.execute_wrapper(guard), runtime.pool.transaction(borrowed) as tx:
-                yield tx
-                if guard.refused is not None:
-                    raise guard.error()
-                if conn.needs_rollback:
-                    raise _RollbackRequested
+            block = _in_test_case(runtime, alias)
+        else:
+            engine = runtime.borrowed()  # made (its dialect initialised) outside the block's transaction
+            block = _outermost(engine, alias)
+        with block as bind, conn.execute_wrapper(guard), guard_other_aliases(alias) as others, \
+                runtime.pool.transaction(bind) as tx:
+            yield tx
+            if guard.refused is not None:
+                raise guard.error()
+            for other in others:
+                if other.refused is not None:
+                    raise other.error()
+            if conn.needs_rollback:
+                raise _RollbackRequested
     except _RollbackRequested:
         logger.debug("%s: the block asked for a rollback; both sides rolled back", alias)
+
+
+@contextmanager
+def _outermost(engine: sa.Engine, alias: str) -> Iterator[sa.Connection]:
+    """The block's ``transaction.atomic`` (the request's transaction), and the SQLAlchemy connection on it."""
+    with transaction.atomic(using=alias), engine.connect() as borrowed:
+        yield borrowed
 
 
 @contextmanager

@@ -300,3 +300,24 @@ def test_retain_records_uses_the_migrated_outbox_table(alias: str, kafka_bootstr
     with connections[alias].cursor() as cursor:  # the outbox keeps the last transaction's records until the next
         cursor.execute("SELECT count(*) FROM kafka_transaction_outbox")
         assert cursor.fetchone()[0] <= 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "pg"])
+def test_a_write_to_another_alias_in_the_block_is_refused(k2pc_settings: dict[str, Any], kafka_bootstrap: str,
+                                                          topic_factory: Any) -> None:
+    topic = topic_factory()
+    with pytest.raises(TransactionMisuseError, match="database 'default' inside `with dual_write\\(using='pg'\\)`"):
+        with dual_write(using="pg") as tx:
+            Item.objects.using("pg").create(id="in-block", series="s")
+            tx.produce(topic, value=b"in-block")
+            assert list(Item.objects.using("default").values_list("id", flat=True)) == []  # reads go through
+            try:
+                Item.objects.using("default").create(id="elsewhere", series="s")  # a router's choice, say
+            except TransactionMisuseError:
+                pass  # swallowed: the block fails all the same
+    assert _rows("default") == [] and _rows("pg") == []  # neither the escaped write nor the block's row
+    assert _records(kafka_bootstrap, topic) == []
+    _clean("pg")
+    Item.objects.using("default").create(id="after", series="s")  # the guard ended with the block
+    _write("pg", topic, "after")
+    assert _rows("default") == ["after"] and _records(kafka_bootstrap, topic) == ["after"]
