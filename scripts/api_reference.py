@@ -34,6 +34,7 @@ MODULES = [
     ("kafka2pc.recipes.spark", "spark-sink.md"),
     ("kafka2pc.recipes.django", "django.md"),
     ("kafka2pc.recipes.django.testing", "django.md"),
+    ("kafka2pc.recipes.django.health", "django.md"),
 ]
 
 HEADER = """# Every public name

@@ -9,9 +9,11 @@ alias reaches them through two engines built on Django's database settings:
   the ORM's rows, inside Django's ``transaction.atomic``.  It never opens,
   resets or closes a connection: Django owns them.
 * the **own** engine opens connections of its own, with Django's connection
-  parameters (``DatabaseWrapper.get_new_connection``), for what must not run
-  in the application's transaction: the pool's leases, recoveries, and the
-  read-back of a COMMIT whose outcome was lost.
+  parameters and set-up (``get_new_connection``, ``init_connection_state``),
+  for what must not run in the application's transaction: the pool's leases,
+  recoveries, and the read-back of a COMMIT whose outcome was lost.  It holds
+  up to ``2 x (max_slots + 2)`` connections per alias and process (see
+  ``own_engine``).
 
 The SQLAlchemy dialect follows the DB-API module Django's backend loaded
 (psycopg or psycopg2, mysqlclient or PyMySQL installed as ``MySQLdb``,
@@ -98,6 +100,16 @@ class BorrowedPool(Pool):
 
     def _do_return_conn(self, record: ConnectionPoolEntry) -> None:
         pass  # Django's connection: Django closes it
+
+    def _invalidate(self, connection: Any, exception: BaseException | None = None, _checkin: bool = True) -> None:
+        # SQLAlchemy's pool, on a disconnect error, also marks every connection it handed out before as stale
+        # and closes it at its next checkout: here those are other threads' healthy Django connections.  Only
+        # this connection's pool entry is dropped (Django's error handling closes the dead connection itself).
+        if _checkin and getattr(connection, "is_valid", False):
+            connection.invalidate(exception)
+
+    def _close_connection(self, connection: Any, *, terminate: bool = False) -> None:
+        pass  # Django's connection: an invalidated entry lets go of it, Django closes it
 
     def status(self) -> str:
         return f"BorrowedPool({self._alias!r})"
@@ -201,16 +213,30 @@ _settings_lock = threading.Lock()
 
 
 def own_engine(alias: str, *, pool_size: int) -> sa.Engine:
-    """An engine with connections of its own, opened with Django's settings of ``alias``."""
+    """An engine with connections of its own, opened and set up as Django opens those of ``alias``.
+
+    A ``QueuePool`` of ``pool_size`` connections plus as many overflow
+    connections: at most ``2 x pool_size`` open at once.
+    """
     from django.db import connections
 
-    wrapper = connections.create_connection(alias)  # a private wrapper: only its parameters are used
+    wrapper = connections.create_connection(alias)  # a private wrapper: only its parameters and set-up are used
+    wrapper.inc_thread_sharing()  # the pool connects from any thread, one at a time (under _settings_lock)
     url = dialect_url(wrapper)
 
     def connect() -> Any:
         with _settings_lock:
-            params = wrapper.get_connection_params()
-        conn = wrapper.get_new_connection(params)
+            conn = wrapper.get_new_connection(wrapper.get_connection_params())
+            # Django's own set-up of a new connection: PostgreSQL's time zone and assume_role, MySQL's
+            # isolation level and sql_mode checks, SQLite's init_command (committed by Django if it must be).
+            wrapper.connection = conn
+            try:
+                wrapper.init_connection_state()
+            except BaseException:
+                conn.close()
+                raise
+            finally:
+                wrapper.connection = None
         if wrapper.vendor == "sqlite":
             conn.isolation_level = ""  # the sqlite3 module's own transactions, as SQLAlchemy expects
         return conn

@@ -29,7 +29,8 @@ from ..dual_write import (
 from ._engines import borrowed_engine, own_engine, test_case_engine
 from ._settings import Kafka2pcSettings, current_settings
 
-__all__ = ["AliasRuntime", "MigrationMissingError", "close", "close_all", "on_setting_changed", "runtime_for"]
+__all__ = ["AliasRuntime", "MigrationMissingError", "close", "close_all", "existing_runtime", "on_setting_changed",
+           "runtime_for"]
 
 logger = logging.getLogger("kafka2pc.recipes.django")
 
@@ -129,6 +130,12 @@ def runtime_for(alias: str, *, start: bool = True) -> AliasRuntime:
     if start:
         runtime.pool.start()  # once: later calls return at once
     return runtime
+
+
+def existing_runtime(alias: str) -> AliasRuntime | None:
+    """This process's runtime of ``alias`` if one was made (never makes one)."""
+    runtime = _runtimes.get(alias)
+    return runtime if runtime is not None and _pid == os.getpid() else None
 
 
 def _runtime(alias: str) -> AliasRuntime:

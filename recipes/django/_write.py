@@ -13,8 +13,10 @@ callbacks.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from typing import Any
 
@@ -27,6 +29,7 @@ from kafka2pc import UsageError
 from ..dual_write import DualWriteTransaction, TransactionMisuseError
 from ..dual_write._async_handle import AsyncTransactionHandle
 from ._engines import savepoint_block
+from ._errors import to_django
 from ._guard import StatementGuard, guard_other_aliases
 from ._runtime import AliasRuntime, runtime_for
 
@@ -118,7 +121,9 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
     a newly leased one, ``POOL_OPTIONS["acquire_timeout_s"]`` (default 30 s);
     the Kafka calls, ``POOL_OPTIONS["kafka_timeout_s"]`` (default 30 s); the state-row
     lock, ``POOL_OPTIONS["lock_timeout_s"]``.  Errors are those of
-    :meth:`WriterPool.transaction <kafka2pc.recipes.dual_write.WriterPool.transaction>`.
+    :meth:`WriterPool.transaction <kafka2pc.recipes.dual_write.WriterPool.transaction>`,
+    with every database error as Django's (``django.db.OperationalError``,
+    ``IntegrityError``...; never ``sqlalchemy.exc``).
 
     Example::
 
@@ -152,13 +157,55 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
                 raise _RollbackRequested
     except _RollbackRequested:
         logger.debug("%s: the block asked for a rollback; both sides rolled back", alias)
+    except sa.exc.SQLAlchemyError as exc:
+        raise to_django(exc, alias) from exc
 
 
 @contextmanager
 def _outermost(engine: sa.Engine, alias: str) -> Iterator[sa.Connection]:
-    """The block's ``transaction.atomic`` (the request's transaction), and the SQLAlchemy connection on it."""
-    with transaction.atomic(using=alias), engine.connect() as borrowed:
-        yield borrowed
+    """The block's ``transaction.atomic`` (the request's transaction), and the SQLAlchemy connection on it.
+
+    When the pool's transaction ended normally, the database has committed:
+    its COMMIT was answered, or its answer was lost and the read-back of the
+    state row found it committed (``IndefiniteOutcomeError`` when the
+    read-back cannot tell).  Django's own COMMIT at the atomic block's exit
+    then has nothing left to commit, but it still talks to the connection
+    (MySQL sends it), which may be dead by then: its error would turn a write
+    that committed on both sides into a failure, and drop the ``on_commit``
+    callbacks.  So that error is logged, not raised (Django has already
+    closed the connection, as for any connection lost in a transaction), and
+    the callbacks run here, in order, as Django would have run them.
+    """
+    from django.db import Error
+
+    conn = connections[alias]
+    atomic = transaction.atomic(using=alias)
+    atomic.__enter__()
+    try:
+        with engine.connect() as borrowed:
+            yield borrowed
+    except BaseException:
+        atomic.__exit__(*sys.exc_info())
+        raise
+    callbacks = list(conn.run_on_commit)
+    try:
+        atomic.__exit__(None, None, None)
+    except Error as exc:
+        logger.warning("%s: the block committed on both sides, then Django's connection failed (%r): the block "
+                       "succeeded; Django reconnects", alias, exc)
+        _run_on_commit(alias, callbacks)
+
+
+def _run_on_commit(alias: str, callbacks: list[Any]) -> None:
+    """Django's ``on_commit`` callbacks, ``(savepoint ids, callback, robust)`` each, as Django runs them."""
+    for _sids, callback, robust in callbacks:
+        if robust:
+            try:
+                callback()
+            except Exception:
+                logger.exception("%s: a robust on_commit callback failed", alias)
+        else:
+            callback()
 
 
 @contextmanager
@@ -211,16 +258,66 @@ async def adual_write(using: str | None = None) -> AsyncIterator[AsyncDualWrite]
     sends to that same thread and so to the same connection and
     transaction.  The event loop only awaits.  The bounds are
     :func:`dual_write`'s.
+
+    A cancellation (Django cancels an async view whose client disconnected)
+    at any ``await`` releases everything the block holds: cancelled while
+    the entry runs, the entry is left to finish in its thread and is then
+    rolled back on both sides; in the block, the block rolls back; during the
+    end, the end runs to its outcome.  The cancelled task does not wait
+    longer than that work (the bounds above); the ``CancelledError`` then
+    propagates.
     """
     from asgiref.sync import sync_to_async
 
     manager = dual_write(using)
-    tx = await sync_to_async(manager.__enter__, thread_sensitive=True)()
+    enter = asyncio.ensure_future(sync_to_async(manager.__enter__, thread_sensitive=True)())
+    try:
+        # Shielded: a cancellation (the client went away) must not leave the entry running unseen in
+        # Django's thread, holding a lease, a Kafka transaction and the state-row lock until garbage collection.
+        tx = await asyncio.shield(enter)
+    except BaseException as exc:
+        if not (enter.done() and (enter.cancelled() or enter.exception() is not None)):
+            await _finish_in_background(_undo_entry(enter, manager, exc))
+        raise
     try:
         yield AsyncDualWrite(tx)
     except BaseException as exc:
-        suppress = await sync_to_async(manager.__exit__, thread_sensitive=True)(type(exc), exc, exc.__traceback__)
+        end = asyncio.ensure_future(
+            sync_to_async(manager.__exit__, thread_sensitive=True)(type(exc), exc, exc.__traceback__))
+        suppress = await _finish_in_background(end)
         if not suppress:
             raise
     else:
-        await sync_to_async(manager.__exit__, thread_sensitive=True)(None, None, None)
+        await _finish_in_background(sync_to_async(manager.__exit__, thread_sensitive=True)(None, None, None))
+
+
+_ending: set[asyncio.Future[Any]] = set()
+"""The ends of blocks whose awaiting task was cancelled, kept referenced until they are done."""
+
+
+async def _finish_in_background(work: Awaitable[Any]) -> Any:
+    """Await ``work``; cancelled meanwhile, it still runs to its end (bounded by the block's bounds).
+
+    The rollback or commit of a block runs in Django's thread whatever the
+    event loop does; a cancellation of the task awaiting it (the client went
+    away) only stops the waiting.
+    """
+    future = asyncio.ensure_future(work)
+    _ending.add(future)
+    future.add_done_callback(_ending.discard)
+    return await asyncio.shield(future)
+
+
+async def _undo_entry(enter: asyncio.Future[DualWriteTransaction], manager: AbstractContextManager[Any],
+                      cause: BaseException) -> None:
+    """The entry was interrupted while it ran: wait for it, then roll back what it opened (both sides)."""
+    from asgiref.sync import sync_to_async
+
+    try:
+        await enter
+    except BaseException:  # noqa: BLE001 - the entry failed: it let go of everything itself
+        return
+    try:
+        await sync_to_async(manager.__exit__, thread_sensitive=True)(type(cause), cause, cause.__traceback__)
+    except BaseException as exc:  # noqa: BLE001 - the caller's cancellation is what it sees
+        logger.warning("adual_write(): rolling back the block whose entry was cancelled raised %r", exc)

@@ -19,9 +19,9 @@ fence itself.  :class:`DualWriteTestMixin` (unittest style) and the
             response = self.client.post("/orders", {...}, content_type="application/json")
             self.assertEqual(response.status_code, 201)
 
-Each test's pool has the prefix ``TRANSACTIONAL_ID_PREFIX`` plus
-``-t`` and 8 random hexadecimal digits: no test waits for the leases, or the
-row locks, of the test before it.  The broker is the real one of
+Each test's pool has the prefix ``TRANSACTIONAL_ID_PREFIX`` plus ``-t`` and
+a hexadecimal suffix that grows from test to test (:func:`test_prefix`): no
+test waits for the leases, or the row locks, of the tests before it.  The broker is the real one of
 ``KAFKA2PC["PRODUCER"]``, with two-phase commit: the records of a committed
 block are committed in Kafka (a ``read_committed`` consumer sees them), those
 of a rolled-back block are aborted.
@@ -29,6 +29,7 @@ of a rolled-back block are aborted.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,8 +47,15 @@ TEST_CLOSE_TIMEOUT_S = 10.0
 
 
 def test_prefix(prefix: str) -> str:
-    """A prefix of its own for one test: ``prefix`` plus ``-t`` and 8 random hexadecimal digits."""
-    return f"{prefix}-t{uuid.uuid4().hex[:8]}"
+    """A prefix of its own for one test: ``prefix``, ``-t``, the time in ns (hexadecimal) and 4 random digits.
+
+    Each test's ids sort after those of the tests before it.  On MySQL and
+    MariaDB that matters: InnoDB keeps the row locks of a ``TestCase``
+    class's transaction until the class ends (a rollback to a savepoint
+    releases none), and a new id's state row, inserted after every locked
+    one, never waits on their gap locks.
+    """
+    return f"{prefix}-t{time.time_ns():x}{uuid.uuid4().hex[:4]}"
 
 
 @contextmanager

@@ -69,3 +69,10 @@ def _recipes_fixtures() -> Any:
 
 
 mariadb_url = _recipes_fixtures().mariadb_url
+
+
+@pytest.fixture(params=[pytest.param(a, id=k, marks=pytest.mark.django_db(transaction=True, databases=["default", a]))
+                        for a, k in (("pg", "postgresql"), ("maria", "mariadb"))])
+def alias_pg_maria(request: pytest.FixtureRequest, k2pc_settings: dict[str, Any], transactional_db: None) -> str:
+    """``alias`` on PostgreSQL and MariaDB only (the servers whose connections a test can kill)."""
+    return str(request.param)
