@@ -8,7 +8,6 @@ outermost ``transaction.atomic`` of its alias, which Django's ``TestCase`` wrapp
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +16,7 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+# djtest (this directory) is importable through pytest's `pythonpath` setting (pyproject.toml).
 _OWN_SETTINGS = "DJANGO_SETTINGS_MODULE" not in os.environ
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "djtest.settings")
 
