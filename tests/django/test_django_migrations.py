@@ -43,6 +43,10 @@ def test_reversing_keeps_a_table_another_writer_uses(alias: str, kafka_bootstrap
     from kafka2pc.recipes.django._runtime import close_all
 
     topic = topic_factory()
+    TransactionState.objects.using(alias).all().delete()  # rows other tests' pools committed (TestCase's are kept)
+    WriterLease.objects.using(alias).all().delete()
+    with connections[alias].cursor() as cursor:
+        cursor.execute("DELETE FROM kafka_transaction_outbox")
     with dual_write(using=alias) as tx:
         tx.produce(topic, value=b"x")
     close_all()
