@@ -33,6 +33,8 @@ MODULES = [
     ("kafka2pc.recipes.dual_write.aio", "dual-write-aio.md"),
     ("kafka2pc.recipes.spark", "spark-sink.md"),
     ("kafka2pc.recipes.django", "django.md"),
+    ("kafka2pc.recipes.django.testing", "django.md"),
+    ("kafka2pc.recipes.django.health", "django.md"),
 ]
 
 HEADER = """# Every public name
@@ -91,6 +93,8 @@ def describe(module_name: str, name: str, obj: Any) -> str:
         return f"- `{name}{init_sig}`: {first_line(obj)}"
     if inspect.isfunction(obj):
         return f"- `{name}{signature(obj, qualified)}`: {first_line(obj)}"
+    if inspect.isfunction(getattr(obj, "__wrapped__", None)):  # a pytest fixture
+        return f"- `{name}` (pytest fixture): {first_line(obj)}"
     return f"- `{name} = {obj!r}`"
 
 

@@ -26,8 +26,8 @@ SQLAlchemy connection that is Django's own connection, so the state row, the
 claims, the leases and the recovery are the SQLAlchemy recipe's, unchanged,
 on the same tables (``docs/django.md`` explains the design).
 
-Call :func:`recover` at worker start (gunicorn ``post_fork``, an ASGI
-lifespan); ``python manage.py kafka2pc_recover`` does the same for deploy
+Call :func:`recover` at worker start (gunicorn ``post_worker_init``, the
+ASGI module of uvicorn or daphne: ``docs/django.md``); ``python manage.py kafka2pc_recover`` does the same for deploy
 hooks and cron.
 """
 

@@ -15,12 +15,13 @@ Savepoints (``SAVEPOINT``, ``RELEASE``, ``ROLLBACK TO``, nested
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from ..dual_write import TransactionMisuseError
 
-__all__ = ["StatementGuard"]
+__all__ = ["OtherAliasGuard", "StatementGuard", "guard_other_aliases"]
 
 _ENDS_TRANSACTION = re.compile(
     r"(?:^|;)\s*(COMMIT|END|ABORT|ROLLBACK(?!\s+(?:WORK\s+|TRANSACTION\s+)?TO\b)|BEGIN|START\s+TRANSACTION|"
@@ -60,3 +61,54 @@ class StatementGuard:
                         self.refused = match.group(1).upper()
                     raise self.error()
         return execute(sql, params, many, context)
+
+
+_WRITES = re.compile(
+    r"^\s*(?:/\*.*?\*/\s*)*(INSERT|UPDATE|DELETE|REPLACE|MERGE|UPSERT|TRUNCATE|COPY|CREATE|ALTER|DROP|RENAME|GRANT|REVOKE)\b",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+class OtherAliasGuard:
+    """An ``execute_wrapper`` on the *other* database aliases, in the block's thread, while the block runs.
+
+    A write there (a database router sending ``save()`` elsewhere, a
+    ``using="other"``) would commit on its own, outside the two-phase commit,
+    and survive a rollback of the block.  It is refused before it is sent,
+    and remembered, so that the block fails even if the application caught the
+    error.  Reads go through.
+    """
+
+    def __init__(self, alias: str, block_alias: str) -> None:
+        self._alias = alias
+        self._block_alias = block_alias
+        self.refused: str | None = None
+
+    def error(self) -> TransactionMisuseError:
+        return TransactionMisuseError(
+            f"a {self.refused} on database {self._alias!r} inside `with dual_write(using={self._block_alias!r})` "
+            f"would commit outside the two-phase commit (only database {self._block_alias!r} is in it). It was not "
+            "sent; both sides of the block were rolled back. Write to the block's database, or write to "
+            f"{self._alias!r} after the block (transaction.on_commit)"
+        )
+
+    def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        if isinstance(sql, str):
+            match = _WRITES.match(sql)
+            if match is not None:
+                if self.refused is None:
+                    self.refused = match.group(1).upper()
+                raise self.error()
+        return execute(sql, params, many, context)
+
+
+@contextmanager
+def guard_other_aliases(block_alias: str) -> Iterator[list[OtherAliasGuard]]:
+    """:class:`OtherAliasGuard` on every alias of ``DATABASES`` but ``block_alias``, in this thread."""
+    from django.db import connections
+
+    guards = [OtherAliasGuard(alias, block_alias) for alias in connections if alias != block_alias]
+    with ExitStack() as stack:
+        for guard in guards:
+            stack.enter_context(connections[guard._alias].execute_wrapper(guard))
+        yield guards

@@ -21,8 +21,8 @@ logger = logging.getLogger("kafka2pc.recipes.django")
 def recover(using: str | Iterable[str] | None = None, *, wait_s: float = 0.0) -> list[RecoveryResult]:
     """Start this process's pool of each alias and settle the ids whose lease expired; what each recovery found.
 
-    Call it at worker start (gunicorn's ``post_fork``, an ASGI lifespan's
-    startup), not in ``AppConfig.ready()``.  ``using`` is an alias or
+    Call it at worker start (gunicorn's ``post_worker_init``; with uvicorn or
+    daphne, in the ASGI module: ``docs/django.md``), not in ``AppConfig.ready()``.  ``using`` is an alias or
     several (default ``"default"``).  The pool also settles expired leases
     by itself in the background while the process runs, so a worker killed
     while its transactions were open holds ``read_committed`` consumers

@@ -26,10 +26,11 @@ from ..dual_write import (
     define_lease_table,
     define_state_table,
 )
-from ._engines import borrowed_engine, own_engine
+from ._engines import borrowed_engine, own_engine, test_case_engine
 from ._settings import Kafka2pcSettings, current_settings
 
-__all__ = ["AliasRuntime", "MigrationMissingError", "close", "close_all", "runtime_for"]
+__all__ = ["AliasRuntime", "MigrationMissingError", "close", "close_all", "existing_runtime", "on_setting_changed",
+           "runtime_for"]
 
 logger = logging.getLogger("kafka2pc.recipes.django")
 
@@ -44,13 +45,36 @@ class MigrationMissingError(MissingTableError):
 
 @dataclass
 class AliasRuntime:
-    """The engines and the pool of one database alias in this process."""
+    """The engines and the pool of one database alias in this process.
+
+    The two engines on Django's own connection are made at their first use:
+    the borrowed one outside any ``transaction.atomic`` (its dialect is
+    initialised on a connection in autocommit), the test-case one inside a
+    ``django.test.TestCase``'s transaction.
+    """
 
     alias: str
     settings: Kafka2pcSettings
     own: sa.Engine
-    borrowed: sa.Engine
     pool: WriterPool
+    _borrowed: sa.Engine | None = None
+    _test_case: sa.Engine | None = None
+
+    def borrowed(self) -> sa.Engine:
+        """The engine on Django's connection of this thread (see ``_engines.borrowed_engine``)."""
+        if self._borrowed is None:
+            with _lock:
+                if self._borrowed is None:
+                    self._borrowed = borrowed_engine(self.alias)
+        return self._borrowed
+
+    def test_case(self) -> sa.Engine:
+        """The engine of a dual write inside a ``TestCase``'s transaction (``_engines.test_case_engine``)."""
+        if self._test_case is None:
+            with _lock:
+                if self._test_case is None:
+                    self._test_case = test_case_engine(self.alias)
+        return self._test_case
 
     def close(self, timeout: float = 30.0) -> None:
         """Close the pool (leases given back or left to expire, see ``WriterPool.close``) and the engines."""
@@ -82,7 +106,6 @@ def _make(alias: str) -> AliasRuntime:
     own = own_engine(alias, pool_size=max(2, int(options.get("max_slots") or min(settings.pool_size, 8)) + 2))
     try:
         _check_tables(own, alias, outbox=bool(options.get("retain_records")))
-        borrowed = borrowed_engine(alias)
         metadata = sa.MetaData()
         pool = WriterPool(
             own, settings.producer, prefix=settings.prefix_for(alias), size=settings.pool_size,
@@ -94,7 +117,7 @@ def _make(alias: str) -> AliasRuntime:
         raise
     logger.info("kafka2pc: pool %r of %d ids on database %r (owner %s)", pool.prefix, settings.pool_size, alias,
                 pool.owner)
-    return AliasRuntime(alias, settings, own, borrowed, pool)
+    return AliasRuntime(alias, settings, own, pool)
 
 
 def runtime_for(alias: str, *, start: bool = True) -> AliasRuntime:
@@ -107,6 +130,12 @@ def runtime_for(alias: str, *, start: bool = True) -> AliasRuntime:
     if start:
         runtime.pool.start()  # once: later calls return at once
     return runtime
+
+
+def existing_runtime(alias: str) -> AliasRuntime | None:
+    """This process's runtime of ``alias`` if one was made (never makes one)."""
+    runtime = _runtimes.get(alias)
+    return runtime if runtime is not None and _pid == os.getpid() else None
 
 
 def _runtime(alias: str) -> AliasRuntime:
@@ -129,7 +158,7 @@ DEFAULT_CLOSE_TIMEOUT_S = 30.0
 
 
 def close(timeout: float | None = None) -> None:
-    """Close this process's pools (at a worker's exit: gunicorn ``worker_exit``, an ASGI lifespan's shutdown).
+    """Close this process's pools (at a worker's exit: gunicorn ``worker_exit``, ``atexit`` in an ASGI module).
 
     Each pool drains and gives its leases back (those with a transaction in
     doubt are left to expire, for a survivor's recovery), waiting up to
@@ -139,6 +168,15 @@ def close(timeout: float | None = None) -> None:
     if timeout is not None and timeout < 0:
         raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
     close_all(DEFAULT_CLOSE_TIMEOUT_S if timeout is None else timeout)
+
+
+def on_setting_changed(*, setting: str, **kwargs: object) -> None:
+    """Django's ``setting_changed`` receiver: a new ``KAFKA2PC`` (``override_settings``) closes the pools.
+
+    The next ``dual_write()`` makes its pool from the setting then in effect.
+    """
+    if setting == "KAFKA2PC":
+        close_all(DEFAULT_CLOSE_TIMEOUT_S)
 
 
 def close_all(timeout: float = 30.0) -> None:

@@ -13,21 +13,27 @@ callbacks.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from typing import Any
 
+import sqlalchemy as sa
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from sqlalchemy.orm import Session
 
 from kafka2pc import UsageError
 
 from ..dual_write import DualWriteTransaction, TransactionMisuseError
 from ..dual_write._async_handle import AsyncTransactionHandle
-from ._guard import StatementGuard
-from ._runtime import runtime_for
+from ._engines import savepoint_block
+from ._errors import to_django
+from ._guard import StatementGuard, guard_other_aliases
+from ._runtime import AliasRuntime, runtime_for
 
-__all__ = ["AsyncDualWrite", "NestedAtomicError", "adual_write", "dual_write"]
+__all__ = ["AsyncDualWrite", "NestedAtomicError", "adual_write", "dual_write", "in_test_case"]
 
 logger = logging.getLogger("kafka2pc.recipes.django")
 
@@ -45,7 +51,29 @@ class _RollbackRequested(Exception):
     """The block marked its transaction for rollback (``transaction.set_rollback(True)``)."""
 
 
-def _check_outermost(alias: str) -> None:
+def in_test_case(alias: str) -> bool:
+    """True when the only atomic blocks open on ``alias`` are those a ``django.test.TestCase`` opened.
+
+    Django marks them (``Atomic._from_testcase``, the flag its ``durable``
+    check reads): a dual write there runs in the test's transaction (see
+    :func:`dual_write`).
+    """
+    conn = connections[alias]
+    blocks = conn.atomic_blocks
+    return bool(conn.in_atomic_block and blocks and all(getattr(b, "_from_testcase", False) for b in blocks))
+
+
+def _atomic_requests_hint(alias: str) -> str:
+    if connections[alias].settings_dict.get("ATOMIC_REQUESTS"):
+        return (f"; DATABASES[{alias!r}]['ATOMIC_REQUESTS'] is on: decorate the view with "
+                "@transaction.non_atomic_requests (or non_atomic_requests(using=...)) so that dual_write() "
+                "opens the request's transaction itself")
+    return ("; a view under @transaction.atomic: remove the decorator (dual_write() is the view's transaction), "
+            "and with ATOMIC_REQUESTS decorate the view with @transaction.non_atomic_requests")
+
+
+def _check_outermost(alias: str) -> bool:
+    """Refuse an enclosing transaction; True if the enclosing ones are a ``TestCase``'s (test-case mode)."""
     from django.utils.connection import ConnectionDoesNotExist
 
     try:
@@ -53,14 +81,23 @@ def _check_outermost(alias: str) -> None:
     except ConnectionDoesNotExist as exc:
         raise UsageError(f"dual_write(using={alias!r}): settings.DATABASES has no database {alias!r}") from exc
     if conn.in_atomic_block:
+        if in_test_case(alias):
+            if conn.vendor == "sqlite":
+                raise NestedAtomicError(
+                    f"dual_write(using={alias!r}) inside a django.test.TestCase on SQLite: SQLite admits one writer, "
+                    "and the test's transaction holds the database, so the pool's leases cannot be written. Use "
+                    "TransactionTestCase (pytest: django_db(transaction=True)) on SQLite, or TestCase on "
+                    "PostgreSQL or MySQL/MariaDB"
+                )
+            return True
         raise NestedAtomicError(
             f"dual_write(using={alias!r}) must be the outermost transaction.atomic of database {alias!r}, but it "
-            "was entered inside one; run it outside (a test case: pytest.mark.django_db(transaction=True) or "
-            "TransactionTestCase)"
+            f"was entered inside one{_atomic_requests_hint(alias)}. Nothing was written"
         )
     if not conn.get_autocommit():
         raise NestedAtomicError(f"dual_write(using={alias!r}) needs autocommit on database {alias!r} (Django's "
                                 "default); transaction.set_autocommit(False) is in effect")
+    return False
 
 
 @contextmanager
@@ -75,14 +112,18 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
     asked for by ``set_rollback`` ends the block quietly).  Statements that
     would end the database transaction are refused
     (:class:`~kafka2pc.recipes.dual_write.TransactionMisuseError`, and the
-    block rolls back on both sides).  The yielded handle's ``produce()`` is
+    block rolls back on both sides), and so are writes sent, in the block's
+    thread, to another database alias (they would commit outside the
+    two-phase commit).  The yielded handle's ``produce()`` is
     :meth:`~kafka2pc.recipes.dual_write.DualWriteTransaction.produce`.
 
     Bounds: waiting for a free transactional id, including the recovery of
     a newly leased one, ``POOL_OPTIONS["acquire_timeout_s"]`` (default 30 s);
     the Kafka calls, ``POOL_OPTIONS["kafka_timeout_s"]`` (default 30 s); the state-row
     lock, ``POOL_OPTIONS["lock_timeout_s"]``.  Errors are those of
-    :meth:`WriterPool.transaction <kafka2pc.recipes.dual_write.WriterPool.transaction>`.
+    :meth:`WriterPool.transaction <kafka2pc.recipes.dual_write.WriterPool.transaction>`,
+    with every database error as Django's (``django.db.OperationalError``,
+    ``IntegrityError``...; never ``sqlalchemy.exc``).
 
     Example::
 
@@ -93,20 +134,93 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
             tx.produce("orders", key=str(order.pk), value=order.to_json())
     """
     alias = using or DEFAULT_DB_ALIAS
-    _check_outermost(alias)
+    test_case = _check_outermost(alias)
     runtime = runtime_for(alias)
     conn = connections[alias]
     guard = StatementGuard(conn.vendor, alias)
+    block: AbstractContextManager[Session | sa.Connection]
     try:
-        with transaction.atomic(using=alias), runtime.borrowed.connect() as borrowed:
-            with conn.execute_wrapper(guard), runtime.pool.transaction(borrowed) as tx:
-                yield tx
-                if guard.refused is not None:
-                    raise guard.error()
-                if conn.needs_rollback:
-                    raise _RollbackRequested
+        if test_case:
+            block = _in_test_case(runtime, alias)
+        else:
+            engine = runtime.borrowed()  # made (its dialect initialised) outside the block's transaction
+            block = _outermost(engine, alias)
+        with block as bind, conn.execute_wrapper(guard), guard_other_aliases(alias) as others, \
+                runtime.pool.transaction(bind) as tx:
+            yield tx
+            if guard.refused is not None:
+                raise guard.error()
+            for other in others:
+                if other.refused is not None:
+                    raise other.error()
+            if conn.needs_rollback:
+                raise _RollbackRequested
     except _RollbackRequested:
         logger.debug("%s: the block asked for a rollback; both sides rolled back", alias)
+    except sa.exc.SQLAlchemyError as exc:
+        raise to_django(exc, alias) from exc
+
+
+@contextmanager
+def _outermost(engine: sa.Engine, alias: str) -> Iterator[sa.Connection]:
+    """The block's ``transaction.atomic`` (the request's transaction), and the SQLAlchemy connection on it.
+
+    When the pool's transaction ended normally, the database has committed:
+    its COMMIT was answered, or its answer was lost and the read-back of the
+    state row found it committed (``IndefiniteOutcomeError`` when the
+    read-back cannot tell).  Django's own COMMIT at the atomic block's exit
+    then has nothing left to commit, but it still talks to the connection
+    (MySQL sends it), which may be dead by then: its error would turn a write
+    that committed on both sides into a failure, and drop the ``on_commit``
+    callbacks.  So that error is logged, not raised (Django has already
+    closed the connection, as for any connection lost in a transaction), and
+    the callbacks run here, in order, as Django would have run them.
+    """
+    from django.db import Error
+
+    conn = connections[alias]
+    atomic = transaction.atomic(using=alias)
+    atomic.__enter__()
+    try:
+        with engine.connect() as borrowed:
+            yield borrowed
+    except BaseException:
+        atomic.__exit__(*sys.exc_info())
+        raise
+    callbacks = list(conn.run_on_commit)
+    try:
+        atomic.__exit__(None, None, None)
+    except Error as exc:
+        logger.warning("%s: the block committed on both sides, then Django's connection failed (%r): the block "
+                       "succeeded; Django reconnects", alias, exc)
+        _run_on_commit(alias, callbacks)
+
+
+def _run_on_commit(alias: str, callbacks: list[Any]) -> None:
+    """Django's ``on_commit`` callbacks, ``(savepoint ids, callback, robust)`` each, as Django runs them."""
+    for _sids, callback, robust in callbacks:
+        if robust:
+            try:
+                callback()
+            except Exception:
+                logger.exception("%s: a robust on_commit callback failed", alias)
+        else:
+            callback()
+
+
+@contextmanager
+def _in_test_case(runtime: AliasRuntime, alias: str) -> Iterator[Session]:
+    """The block's savepoint in the test's transaction, and a Session on it whose COMMIT sends nothing.
+
+    A Session, not a Connection: the pool then sends the state update and the
+    COMMIT as two calls (never the one-statement ``...; COMMIT`` of psycopg 3),
+    and the COMMIT is ``_engines.test_case_engine``'s, which sends nothing and keeps
+    the rows in the test's transaction.
+    """
+    conn = connections[alias]
+    with transaction.atomic(using=alias), runtime.test_case().connect() as borrowed, \
+            savepoint_block(conn, conn.savepoint_ids[-1]), Session(bind=borrowed) as session:
+        yield session
 
 
 class AsyncDualWrite(AsyncTransactionHandle):
@@ -144,16 +258,66 @@ async def adual_write(using: str | None = None) -> AsyncIterator[AsyncDualWrite]
     sends to that same thread and so to the same connection and
     transaction.  The event loop only awaits.  The bounds are
     :func:`dual_write`'s.
+
+    A cancellation (Django cancels an async view whose client disconnected)
+    at any ``await`` releases everything the block holds: cancelled while
+    the entry runs, the entry is left to finish in its thread and is then
+    rolled back on both sides; in the block, the block rolls back; during the
+    end, the end runs to its outcome.  The cancelled task does not wait
+    longer than that work (the bounds above); the ``CancelledError`` then
+    propagates.
     """
     from asgiref.sync import sync_to_async
 
     manager = dual_write(using)
-    tx = await sync_to_async(manager.__enter__, thread_sensitive=True)()
+    enter = asyncio.ensure_future(sync_to_async(manager.__enter__, thread_sensitive=True)())
+    try:
+        # Shielded: a cancellation (the client went away) must not leave the entry running unseen in
+        # Django's thread, holding a lease, a Kafka transaction and the state-row lock until garbage collection.
+        tx = await asyncio.shield(enter)
+    except BaseException as exc:
+        if not (enter.done() and (enter.cancelled() or enter.exception() is not None)):
+            await _finish_in_background(_undo_entry(enter, manager, exc))
+        raise
     try:
         yield AsyncDualWrite(tx)
     except BaseException as exc:
-        suppress = await sync_to_async(manager.__exit__, thread_sensitive=True)(type(exc), exc, exc.__traceback__)
+        end = asyncio.ensure_future(
+            sync_to_async(manager.__exit__, thread_sensitive=True)(type(exc), exc, exc.__traceback__))
+        suppress = await _finish_in_background(end)
         if not suppress:
             raise
     else:
-        await sync_to_async(manager.__exit__, thread_sensitive=True)(None, None, None)
+        await _finish_in_background(sync_to_async(manager.__exit__, thread_sensitive=True)(None, None, None))
+
+
+_ending: set[asyncio.Future[Any]] = set()
+"""The ends of blocks whose awaiting task was cancelled, kept referenced until they are done."""
+
+
+async def _finish_in_background(work: Awaitable[Any]) -> Any:
+    """Await ``work``; cancelled meanwhile, it still runs to its end (bounded by the block's bounds).
+
+    The rollback or commit of a block runs in Django's thread whatever the
+    event loop does; a cancellation of the task awaiting it (the client went
+    away) only stops the waiting.
+    """
+    future = asyncio.ensure_future(work)
+    _ending.add(future)
+    future.add_done_callback(_ending.discard)
+    return await asyncio.shield(future)
+
+
+async def _undo_entry(enter: asyncio.Future[DualWriteTransaction], manager: AbstractContextManager[Any],
+                      cause: BaseException) -> None:
+    """The entry was interrupted while it ran: wait for it, then roll back what it opened (both sides)."""
+    from asgiref.sync import sync_to_async
+
+    try:
+        await enter
+    except BaseException:  # noqa: BLE001 - the entry failed: it let go of everything itself
+        return
+    try:
+        await sync_to_async(manager.__exit__, thread_sensitive=True)(type(cause), cause, cause.__traceback__)
+    except BaseException as exc:  # noqa: BLE001 - the caller's cancellation is what it sees
+        logger.warning("adual_write(): rolling back the block whose entry was cancelled raised %r", exc)

@@ -1,9 +1,13 @@
-"""A read-only admin page of the stored prepared states and of the pool's leases.
+"""A read-only admin page of the stored prepared states and of the pool's leases, for every database alias.
 
 A row whose ``prepared_txn_state`` is set names the last transaction of its
 id that the database committed; if that id's lease expired (its worker died)
 the transaction may still be prepared in Kafka, waiting for a survivor's
 recovery.  ``kafka2pc in-doubt`` joins these rows with the coordinator's view.
+
+Each page lists one database alias at a time (the "database" filter: every
+alias of ``DATABASES``, default ``default``), in one query per page: the lease
+columns of the state page are a subquery, not a query per row.
 """
 
 from __future__ import annotations
@@ -11,12 +15,37 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import OuterRef, Subquery
 from django.http import HttpRequest
 
 from .models import TransactionState, WriterLease
 
 
+class DatabaseFilter(admin.SimpleListFilter):
+    """The database alias whose rows the page lists (every alias of ``DATABASES``)."""
+
+    title = "database"
+    parameter_name = "database"
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        from django.db import connections
+
+        return [(alias, alias) for alias in connections]
+
+    def queryset(self, request: Any, queryset: Any) -> Any:
+        return queryset  # applied in get_queryset, before the other filters
+
+    def choices(self, changelist: Any) -> Any:
+        current = self.value() or "default"
+        for lookup, title in self.lookup_choices:
+            yield {"selected": current == lookup, "display": title,
+                   "query_string": changelist.get_query_string({self.parameter_name: lookup})}
+
+
 class _ReadOnly(admin.ModelAdmin):
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return super().get_queryset(request).using(request.GET.get(DatabaseFilter.parameter_name) or "default")
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -47,19 +76,24 @@ class StoredStateFilter(admin.SimpleListFilter):
 @admin.register(TransactionState)
 class TransactionStateAdmin(_ReadOnly):
     list_display = ("transactional_id", "prepared_txn_state", "updated_at", "lease_owner", "lease_expires_at")
-    list_filter = (StoredStateFilter,)
+    list_filter = (DatabaseFilter, StoredStateFilter)
     search_fields = ("transactional_id",)
 
-    def _lease(self, obj: TransactionState) -> Any:
-        return WriterLease.objects.using(obj._state.db).filter(transactional_id=obj.transactional_id).first()
+    def get_queryset(self, request: HttpRequest) -> Any:
+        leases = WriterLease.objects.filter(transactional_id=OuterRef("transactional_id"))
+        return super().get_queryset(request).annotate(
+            _lease_owner=Subquery(leases.values("owner")[:1]),
+            _lease_expires_at=Subquery(leases.values("expires_at")[:1]),
+            _leased=Subquery(leases.values("transactional_id")[:1]),
+        )
 
-    def lease_owner(self, obj: TransactionState) -> str:
-        lease = self._lease(obj)
-        return "-" if lease is None else str(lease.owner or "free")
+    def lease_owner(self, obj: Any) -> str:
+        if obj._leased is None:
+            return "-"
+        return str(obj._lease_owner or "free")
 
-    def lease_expires_at(self, obj: TransactionState) -> Any:
-        lease = self._lease(obj)
-        return None if lease is None else lease.expires_at
+    def lease_expires_at(self, obj: Any) -> Any:
+        return obj._lease_expires_at
 
     lease_owner.short_description = "lease owner"  # type: ignore[attr-defined]
     lease_expires_at.short_description = "lease expires (UTC)"  # type: ignore[attr-defined]
@@ -68,5 +102,5 @@ class TransactionStateAdmin(_ReadOnly):
 @admin.register(WriterLease)
 class WriterLeaseAdmin(_ReadOnly):
     list_display = ("transactional_id", "pool", "owner", "expires_at", "epoch")
-    list_filter = ("pool",)
+    list_filter = (DatabaseFilter, "pool")
     search_fields = ("transactional_id", "owner")

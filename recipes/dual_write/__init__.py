@@ -86,6 +86,7 @@ from ._schema import (
     DEFAULT_STATE_TABLE,
     define_outbox_table,
     define_state_table,
+    drop_state_function_sql,
     state_function_sql,
 )
 from ._store import MySQLStore, PostgresStore, RowLockStore, SQLiteStore, StateStore, store_for
@@ -129,6 +130,7 @@ __all__ = [
     "define_lease_table",
     "define_outbox_table",
     "define_state_table",
+    "drop_state_function_sql",
     "recover_all",
     "state_function_sql",
     "store_for",

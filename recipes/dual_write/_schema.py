@@ -9,7 +9,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
 __all__ = [
-    "DEFAULT_OUTBOX_TABLE", "DEFAULT_STATE_TABLE", "define_outbox_table", "state_function_sql", "define_state_table",
+    "DEFAULT_OUTBOX_TABLE", "DEFAULT_STATE_TABLE", "define_outbox_table", "drop_state_function_sql",
+    "state_function_sql", "define_state_table",
 ]
 
 DEFAULT_STATE_TABLE: Final = "kafka_transaction_state"
@@ -46,9 +47,7 @@ def define_state_table(
         schema=schema,
     )
     create = sa.DDL(state_function_sql(table))  # type: ignore[no-untyped-call]
-    drop = sa.DDL(  # type: ignore[no-untyped-call]
-        f"DROP FUNCTION IF EXISTS {_qualified(state_function_name(table), table.schema)}({_STATE_FUNCTION_ARGS})"
-    )
+    drop = sa.DDL(drop_state_function_sql(table))  # type: ignore[no-untyped-call]
     sa.event.listen(table, "after_create", create.execute_if(dialect="postgresql"))
     sa.event.listen(table, "before_drop", drop.execute_if(dialect="postgresql"))
     return table
@@ -74,6 +73,11 @@ def _quote_identifier(name: str) -> str:
 
 def _qualified(name: str, schema: str | None) -> str:
     return _quote_identifier(name) if schema is None else f"{_quote_identifier(schema)}.{_quote_identifier(name)}"
+
+
+def drop_state_function_sql(table: sa.Table) -> str:
+    """PostgreSQL's ``DROP FUNCTION IF EXISTS`` of ``table``'s state function (:func:`state_function_sql`)."""
+    return f"DROP FUNCTION IF EXISTS {_qualified(state_function_name(table), table.schema)}({_STATE_FUNCTION_ARGS})"
 
 
 def state_function_sql(table: sa.Table) -> str:

@@ -8,7 +8,6 @@ outermost ``transaction.atomic`` of its alias, which Django's ``TestCase`` wrapp
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +16,7 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+# djtest (this directory) is importable through pytest's `pythonpath` setting (pyproject.toml).
 _OWN_SETTINGS = "DJANGO_SETTINGS_MODULE" not in os.environ
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "djtest.settings")
 
@@ -32,6 +30,7 @@ if _OWN_SETTINGS:
     del os.environ["DJANGO_SETTINGS_MODULE"]
 
 from djtest.params import on  # noqa: E402 - after django.setup()
+from kafka2pc.recipes.django.testing import kafka2pc_pools  # noqa: E402, F401 - the shipped fixture, as users load it
 
 
 @pytest.fixture
@@ -68,3 +67,10 @@ def _recipes_fixtures() -> Any:
 
 
 mariadb_url = _recipes_fixtures().mariadb_url
+
+
+@pytest.fixture(params=[pytest.param(a, id=k, marks=pytest.mark.django_db(transaction=True, databases=["default", a]))
+                        for a, k in (("pg", "postgresql"), ("maria", "mariadb"))])
+def alias_pg_maria(request: pytest.FixtureRequest, k2pc_settings: dict[str, Any], transactional_db: None) -> str:
+    """``alias`` on PostgreSQL and MariaDB only (the servers whose connections a test can kill)."""
+    return str(request.param)

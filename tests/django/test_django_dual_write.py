@@ -100,9 +100,23 @@ def test_inside_another_atomic_block_it_fails_at_once(alias: str, kafka_bootstra
     topic = topic_factory()
     with transaction.atomic(using=alias):
         Item.objects.using(alias).create(id="outer", series="s")
-        with pytest.raises(NestedAtomicError, match="outermost"):
+        with pytest.raises(NestedAtomicError, match="outermost") as raised:
             with dual_write(using=alias):
                 pytest.fail("the block must not run")  # pragma: no cover
+    assert "@transaction.non_atomic_requests" in str(raised.value)  # the way out of ATOMIC_REQUESTS
+
+    @transaction.atomic(using=alias)
+    def view() -> None:  # what ATOMIC_REQUESTS makes of a view: the error names the decorator and the alias
+        with dual_write(using=alias):
+            pytest.fail("the block must not run")  # pragma: no cover
+
+    connections[alias].settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        with pytest.raises(NestedAtomicError, match=r"ATOMIC_REQUESTS'\] is on: decorate the view with "
+                                                    r"@transaction.non_atomic_requests"):
+            view()
+    finally:
+        connections[alias].settings_dict["ATOMIC_REQUESTS"] = False
     assert isinstance(NestedAtomicError("x"), TransactionMisuseError)
     assert _rows(alias) == ["outer"]  # the enclosing block was not disturbed
     assert not WriterLease.objects.using(alias).exclude(owner=None).exists()  # no id was leased
@@ -233,7 +247,11 @@ def test_recover_and_the_management_command(alias: str, kafka_bootstrap: str, to
     assert recover(alias) == []  # nothing left by anyone
     _write(alias, topic, "a")
     call_command("kafka2pc_recover", database=[alias], json=True)
-    assert json.loads(capsys.readouterr().out) == {"settled": []}
+    document = json.loads(capsys.readouterr().out)
+    assert document["settled"] == [] and document["exit_code"] == 0
+    call_command("kafka2pc_recover", database=[alias], json=True, dry_run=True)  # the last write is settled
+    document = json.loads(capsys.readouterr().out)
+    assert document["in_doubt"] == [] and document["dry_run"] is True
     _write(alias, topic, "b")  # the command closed this process's pool; the next write makes a new one
     assert _records(kafka_bootstrap, topic) == ["a", "b"]
 
@@ -286,3 +304,82 @@ def test_retain_records_uses_the_migrated_outbox_table(alias: str, kafka_bootstr
     with connections[alias].cursor() as cursor:  # the outbox keeps the last transaction's records until the next
         cursor.execute("SELECT count(*) FROM kafka_transaction_outbox")
         assert cursor.fetchone()[0] <= 1
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "pg"])
+def test_a_write_to_another_alias_in_the_block_is_refused(k2pc_settings: dict[str, Any], kafka_bootstrap: str,
+                                                          topic_factory: Any) -> None:
+    topic = topic_factory()
+    with pytest.raises(TransactionMisuseError, match="database 'default' inside `with dual_write\\(using='pg'\\)`"):
+        with dual_write(using="pg") as tx:
+            Item.objects.using("pg").create(id="in-block", series="s")
+            tx.produce(topic, value=b"in-block")
+            assert list(Item.objects.using("default").values_list("id", flat=True)) == []  # reads go through
+            try:
+                Item.objects.using("default").create(id="elsewhere", series="s")  # a router's choice, say
+            except TransactionMisuseError:
+                pass  # swallowed: the block fails all the same
+    assert _rows("default") == [] and _rows("pg") == []  # neither the escaped write nor the block's row
+    assert _records(kafka_bootstrap, topic) == []
+    _clean("pg")
+    Item.objects.using("default").create(id="after", series="s")  # the guard ended with the block
+    _write("pg", topic, "after")
+    assert _rows("default") == ["after"] and _records(kafka_bootstrap, topic) == ["after"]
+
+
+@pytest.mark.parametrize("alias", on("default", "pg"), indirect=True)
+def test_the_management_commands_errors_are_one_line_with_the_clis_exit_codes(
+        alias: str, k2pc_settings: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    from kafka2pc.cli import ExitCode
+    from kafka2pc.recipes.django._runtime import close_all
+    from kafka2pc.recipes.django.management.commands.kafka2pc_recover import EXIT_CODES
+
+    assert EXIT_CODES == {name: int(ExitCode[name]) for name in EXIT_CODES}
+
+    def run(*args: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as exited:
+            call_command("kafka2pc_recover", "--database", alias, *args)
+        out, err = capsys.readouterr()
+        return int(exited.value.code or 0), out, err
+
+    call_command("migrate", "kafka2pc", "zero", database=alias, verbosity=0)
+    try:
+        code, out, err = run()
+        assert code == ExitCode.DATABASE and err.count("\n") == 1 and "migration missing" in err, err
+        code, out, _ = run("--json")
+        document = json.loads(out)
+        assert code == 7 and document["error"]["name"] == "DATABASE"
+    finally:
+        call_command("migrate", "kafka2pc", database=alias, verbosity=0)
+    close_all()
+    k2pc_settings["PRODUCER"] = {"bootstrap.servers": "127.0.0.1:9"}  # nothing listens there
+    k2pc_settings["POOL_OPTIONS"] = {**k2pc_settings["POOL_OPTIONS"], "kafka_timeout_s": 3.0}
+    with connections[alias].cursor() as cursor:
+        prefix = k2pc_settings["TRANSACTIONAL_ID_PREFIX"] + ("" if alias == "default" else f".{alias}")
+        cursor.execute("INSERT INTO kafka_writer_lease (transactional_id, pool, owner, expires_at, epoch) "
+                       "VALUES (%s, %s, NULL, NULL, 0)", [f"{prefix}-0", prefix])
+        cursor.execute("INSERT INTO kafka_transaction_state (transactional_id, prepared_txn_state) VALUES (%s, %s)",
+                       [f"{prefix}-0", "5:0"])  # a state in the Java form
+    code, out, err = run("--dry-run")
+    assert code == ExitCode.UNREACHABLE and err.count("\n") == 1 and "Kafka unreachable" in err, (code, err)
+
+
+@pytest.mark.parametrize("alias", on("default"), indirect=True)
+def test_the_health_check_sees_a_pool_that_cannot_reach_kafka(alias: str, k2pc_settings: dict[str, Any],
+                                                              kafka_bootstrap: str, topic_factory: Any,
+                                                              client: Any) -> None:
+    from kafka2pc.recipes.django.health import HEALTH_TIMEOUT_S
+
+    answer = client.get("/health/kafka2pc")
+    assert answer.status_code == 200 and answer.json()["pool"] is None  # no pool made by the check
+    _write(alias, topic_factory(), "a")
+    answer = client.get("/health/kafka2pc")
+    assert answer.status_code == 200 and answer.json()["pool"]["transactions"]["transactions_committed"] == 1
+    from kafka2pc.recipes.django._runtime import close_all
+
+    close_all()
+    k2pc_settings["PRODUCER"] = {"bootstrap.servers": "127.0.0.1:9"}  # nothing listens there
+    started = time.monotonic()
+    answer = client.get("/health/kafka2pc")
+    assert answer.status_code == 503 and answer.json()["ok"] is False and answer.json()["kafka"]
+    assert time.monotonic() - started < HEALTH_TIMEOUT_S + 5

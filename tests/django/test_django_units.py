@@ -8,7 +8,7 @@ import pytest
 from django.core.checks import Error
 from kafka2pc.recipes.django import ConfigurationError
 from kafka2pc.recipes.django._checks import check_settings
-from kafka2pc.recipes.django._guard import StatementGuard
+from kafka2pc.recipes.django._guard import OtherAliasGuard, StatementGuard
 from kafka2pc.recipes.django._settings import read_settings
 from kafka2pc.recipes.dual_write import TransactionMisuseError
 
@@ -85,3 +85,29 @@ def test_the_system_check_reports_a_bad_setting(settings: Any) -> None:
     assert isinstance(error, Error) and error.id == "kafka2pc.E001" and "POOL_SIZE" in error.msg
     settings.KAFKA2PC = GOOD
     assert check_settings() == []
+
+
+def test_atomic_requests_is_a_warning_per_alias(settings: Any) -> None:
+    from django.core.checks import Warning, run_checks
+
+    assert not [m for m in run_checks() if m.id == "kafka2pc.W001"]
+    settings.DATABASES = {**settings.DATABASES, "pg": {**settings.DATABASES["pg"], "ATOMIC_REQUESTS": True}}
+    (warning,) = [m for m in run_checks() if m.id == "kafka2pc.W001"]  # manage.py check runs it (no --database)
+    assert isinstance(warning, Warning) and "'pg'" in warning.msg
+    assert "@transaction.non_atomic_requests" in (warning.hint or "")
+
+
+@pytest.mark.parametrize("sql", ["INSERT INTO t VALUES (1)", "  update t set a = 1", "DELETE FROM t",
+                                 "/* router */ INSERT INTO t VALUES (1)", "TRUNCATE t", "CREATE TABLE x (a int)"])
+def test_writes_to_another_alias_are_refused(sql: str) -> None:
+    guard = OtherAliasGuard("other", "default")
+    with pytest.raises(TransactionMisuseError, match="outside the two-phase commit"):
+        guard(lambda *a: pytest.fail("sent"), sql, None, False, {})
+    assert guard.refused is not None
+
+
+@pytest.mark.parametrize("sql", ["SELECT 1", "select * from t where a = 'INSERT'", "SAVEPOINT s1", "SHOW x"])
+def test_reads_from_another_alias_go_through(sql: str) -> None:
+    sent: list[str] = []
+    OtherAliasGuard("other", "default")(lambda s, *a: sent.append(s), sql, None, False, {})
+    assert sent == [sql]

@@ -173,7 +173,6 @@ def _transactions(job: dict[str, Any], phase: dict[str, Any]) -> None:
 
 def zygote() -> None:
     """Import Django, its backends and the app's dependencies once, then serve jobs with :func:`run_job`."""
-    sys.path.insert(0, str(TESTS_DJANGO))
     import pymysql
 
     pymysql.version_info = (2, 2, 1, "final", 0)  # type: ignore[assignment]  # Django asks for mysqlclient >= 2.2.1
@@ -200,6 +199,7 @@ class DjangoZygote(Zygote):
     """A zygote whose children write through the Django app; the crash matrix runs it like :class:`Zygote`."""
 
     module = "harness.django_crash"
+    pythonpath = (str(TESTS_DJANGO),)  # djtest, the test project's app, as pytest's `pythonpath` setting has it
 
     def final_recovery(self, engine: sa.Engine, bootstrap: str, tid: str) -> dict[str, Any]:
         """The matrix's last recovery, in a Django child (``recover()`` at a worker's start), as ``recover_here``."""

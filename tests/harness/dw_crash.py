@@ -403,6 +403,8 @@ class Zygote:
 
     #: The worker module the zygote runs: its ``zygote()`` imports what the children need.
     module = "harness.dw_crash"
+    #: Directories put first on the zygote's ``PYTHONPATH`` (besides ``tests/`` and the checkout).
+    pythonpath: tuple[str, ...] = ()
 
     def __init__(self, log_path: Path) -> None:
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
@@ -413,7 +415,8 @@ class Zygote:
             stderr=self._log,
             text=True,
             bufsize=1,
-            env=child_env(),
+            env=child_env(**({"PYTHONPATH": os.pathsep.join([*self.pythonpath, child_env()["PYTHONPATH"]])}
+                             if self.pythonpath else {})),
         )
         ready = self._read(timeout=60)
         if ready != "ready":

@@ -1,55 +1,14 @@
 """The state, lease and outbox tables, created with the DDL the SQLAlchemy recipe emits (same layout).
 
 The outbox table (``kafka_transaction_outbox``) is used only with ``POOL_OPTIONS["retain_records"]``.
+``python manage.py sqlmigrate kafka2pc 0001`` prints the SQL; reversed, the migration drops only the
+tables that hold no row of another writer (see ``kafka2pc.recipes.django._migration``).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.db import migrations, models
-
-
-def _tables() -> list[Any]:
-    import sqlalchemy as sa
-    from kafka2pc.recipes.dual_write import define_lease_table, define_outbox_table, define_state_table
-
-    metadata = sa.MetaData()
-    return [define_state_table(metadata), define_lease_table(metadata), define_outbox_table(metadata)]
-
-
-def _dialect(schema_editor: Any) -> Any:
-    import sqlalchemy as sa
-    from kafka2pc.recipes.django._engines import dialect_url
-
-    return sa.create_engine(dialect_url(schema_editor.connection)).dialect
-
-
-def create_tables(apps: Any, schema_editor: Any) -> None:
-    """Each table the SQLAlchemy recipe would create, unless it exists already (a database both recipes use)."""
-    from kafka2pc.recipes.dual_write import state_function_sql
-    from sqlalchemy.schema import CreateIndex, CreateTable
-
-    dialect = _dialect(schema_editor)
-    with schema_editor.connection.cursor() as cursor:
-        existing = set(schema_editor.connection.introspection.table_names(cursor))
-    for table in _tables():
-        if table.name not in existing:
-            schema_editor.execute(str(CreateTable(table).compile(dialect=dialect)), params=None)
-            for index in sorted(table.indexes, key=lambda i: str(i.name)):
-                schema_editor.execute(str(CreateIndex(index).compile(dialect=dialect)), params=None)
-        if table.name == "kafka_transaction_state" and dialect.name == "postgresql":
-            schema_editor.execute(state_function_sql(table), params=None)
-
-
-def drop_tables(apps: Any, schema_editor: Any) -> None:
-    dialect = _dialect(schema_editor)
-    quote = dialect.identifier_preparer.quote
-    for table in reversed(_tables()):
-        schema_editor.execute(f"DROP TABLE {quote(table.name)}", params=None)
-        if table.name == "kafka_transaction_state" and dialect.name == "postgresql":
-            schema_editor.execute("DROP FUNCTION IF EXISTS kafka2pc_store_kafka_transaction_state"
-                                  "(text, text, text, text, timestamp)", params=None)
+from kafka2pc.recipes.django._migration import CreateRecipeTables
 
 
 class Migration(migrations.Migration):
@@ -58,7 +17,7 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.SeparateDatabaseAndState(
-            database_operations=[migrations.RunPython(create_tables, drop_tables)],
+            database_operations=[CreateRecipeTables()],
             state_operations=[
                 migrations.CreateModel(
                     name="TransactionState",
