@@ -26,6 +26,7 @@ from ..dual_write import (
     define_lease_table,
     define_state_table,
 )
+from ..dual_write._options import DEFAULT_MAX_SLOTS
 from ._engines import borrowed_engine, own_engine
 from ._settings import DEFAULT_KAFKA_TIMEOUT_S, Kafka2pcSettings, current_settings
 
@@ -74,7 +75,8 @@ def _check_tables(engine: sa.Engine, alias: str, *, outbox: bool) -> None:
 def _make(alias: str) -> AliasRuntime:
     settings = current_settings()
     options, keywords = settings.writer_options(), settings.pool_keywords()
-    own = own_engine(alias, pool_size=max(2, int(keywords.get("max_slots") or min(settings.pool_size, 8)) + 2))
+    slots = int(keywords.get("max_slots") or min(settings.pool_size, DEFAULT_MAX_SLOTS))
+    own = own_engine(alias, pool_size=max(2, slots + 2))
     try:
         _check_tables(own, alias, outbox=options.retain_records)
         borrowed = borrowed_engine(alias)

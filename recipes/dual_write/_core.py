@@ -22,7 +22,7 @@ from ._events import Listeners
 from ._lifecycle import WriterState, check_transition
 from ._options import WriterOptions
 from ._store import StateStore, store_for
-from ._topics import TopicCheck
+from ._topics import DEFAULT_TOPIC_CHECK_TIMEOUT_S, TopicCheck
 from ._values import Step, _encode_headers, _Record
 
 if TYPE_CHECKING:
@@ -90,8 +90,41 @@ class WriterCore:
         self.in_doubt_since: float | None = None
         self.heuristics = 0
         # A new topic's metadata lookup is one of the transaction's Kafka calls: bounded by kafka_timeout_s too.
-        self.topics = TopicCheck(config, timeout_s=self.kafka_timeout_s if self.kafka_timeout_s is not None else 10.0,
-                                 blocking=runtime.blocking)
+        self.topics = TopicCheck(config, blocking=runtime.blocking, timeout_s=self.kafka_timeout_s
+                                 if self.kafka_timeout_s is not None else DEFAULT_TOPIC_CHECK_TIMEOUT_S)
+
+    # -- the only places this state changes ------------------------------------------
+    def take_producer(self) -> TwoPhaseCommitProducer | None:
+        """The producer, which this writer no longer holds (to close or replace it)."""
+        producer, self.producer = self.producer, None
+        return producer
+
+    def install(self, producer: TwoPhaseCommitProducer) -> None:
+        """Hold ``producer`` (a recovery made it and settled the id with it)."""
+        self.producer = producer
+
+    def wrote(self, stored: str | None, token: str | None) -> None:
+        """The state row now holds ``stored`` under version ``token`` (``None``: not known, recover first)."""
+        self.last_state, self.token = stored, token
+
+    def mark_outbox(self, dirty: bool) -> None:
+        """Whether the outbox may hold rows of this id (the next transaction deletes them)."""
+        self.outbox_dirty = dirty
+
+    def doubt(self, state: PreparedTxnState) -> None:
+        """``state`` is committed in the database and not known committed in Kafka."""
+        self.in_doubt, self.in_doubt_since = state, time.monotonic()
+
+    def settled(self) -> None:
+        """Nothing is in doubt any more."""
+        self.in_doubt = self.in_doubt_since = None
+
+    def count_heuristic(self) -> None:
+        self.heuristics += 1
+
+    def abandon(self) -> None:
+        """Closed without the gate: a forked child's copy of a writer, whose state is the parent's."""
+        self.status = WriterState.CLOSED
 
     def to(self, target: WriterState) -> None:
         check_transition(self.tid, self.status, target)

@@ -21,7 +21,12 @@ from ._values import StepHook
 __all__ = [
     "DEFAULT_ACQUIRE_TIMEOUT_S",
     "DEFAULT_LEASE_S",
+    "DEFAULT_MAX_SLOTS",
     "DEFAULT_QUEUE_FULL_TIMEOUT_S",
+    "DEFAULT_SETTLE_ATTEMPTS",
+    "DEFAULT_SETTLE_PARALLELISM",
+    "DEFAULT_SLOW_COMMIT_S",
+    "MAX_POOL_LOCK_TIMEOUT_S",
     "OptionProblem",
     "WriterOptions",
     "options_from",
@@ -36,6 +41,16 @@ DEFAULT_LEASE_S: Final = 15.0
 """A pool's lease, by default."""
 DEFAULT_ACQUIRE_TIMEOUT_S: Final = 30.0
 """How long a pool's transaction waits for a free id, by default."""
+DEFAULT_SETTLE_ATTEMPTS: Final = 5
+"""How often a recovery retries a completion whose outcome is unknown, by default."""
+DEFAULT_SETTLE_PARALLELISM: Final = 8
+"""How many orphaned ids a pool settles at once, by default."""
+DEFAULT_SLOW_COMMIT_S: Final = 1.0
+"""A pipelined Kafka commit slower than this is counted and logged, by default."""
+DEFAULT_MAX_SLOTS: Final = 8
+"""A pool's slots at most (when its ``size`` is larger), by default."""
+MAX_POOL_LOCK_TIMEOUT_S: Final = 10.0
+"""A pool's writers wait for a row lock for the lease, at most this long, unless ``lock_timeout_s`` is given."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +158,7 @@ class WriterOptions:
     lock_timeout_s: float | None = None
     kafka_timeout_s: float | None = None
     on_step: StepHook | None = None
-    settle_attempts: int = 5
+    settle_attempts: int = DEFAULT_SETTLE_ATTEMPTS
     queue_full_timeout_s: float = DEFAULT_QUEUE_FULL_TIMEOUT_S
 
     def __post_init__(self) -> None:
@@ -156,7 +171,7 @@ class WriterOptions:
 
 _KEYWORD_DEFAULTS: Final[dict[str, Any]] = {
     "retain_records": False, "lock_timeout_s": None, "kafka_timeout_s": None, "on_step": None,
-    "settle_attempts": 5, "queue_full_timeout_s": DEFAULT_QUEUE_FULL_TIMEOUT_S,
+    "settle_attempts": DEFAULT_SETTLE_ATTEMPTS, "queue_full_timeout_s": DEFAULT_QUEUE_FULL_TIMEOUT_S,
 }
 
 

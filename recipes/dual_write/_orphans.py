@@ -56,7 +56,11 @@ class OrphanScanner:
         self._settle_parallelism = settle_parallelism
         self.scan_every_s = scan_every_s
         self._random = rng
-        self._counters = keeper.counters
+        self.orphans_settled = 0
+        self.orphan_errors = 0
+        """Recoveries of an orphaned id that failed (each is retried at the next scan)."""
+        self.heuristics = 0
+        """Heuristic outcomes found settling an id through the coordinator alone."""
 
     def settle_orphans(self) -> list[RecoveryResult]:
         """Settle every id whose lease expired (see :meth:`WriterPool.settle_orphans`)."""
@@ -113,16 +117,16 @@ class OrphanScanner:
                 admin.force_terminate_transaction(tid)  # nothing open: fence the old producer all the same
         except Exception as exc:  # noqa: BLE001 - reported in the result and the metrics, retried next scan
             logger.error("%s: recovery of the orphaned id failed (retried at the next scan): %s", tid, exc)
-            self._counters.orphan_errors += 1
+            self.orphan_errors += 1
             self._abandon(tid, epoch)
             return RecoveryResult(tid, PreparedTxnState(), None, error=exc)
         if settlement.heuristic:
             if self._options.retain_records:
                 return self._settle_into_slot(tid, epoch, keep=False)
-            self._counters.heuristics += 1
+            self.heuristics += 1
             logger.error("HEURISTIC OUTCOME for %r: the database committed %s but Kafka aborted it; recover the id "
                          "with DualWriter(...).recover() to see the details and acknowledge it", tid, state)
-        self._counters.orphans_settled += 1
+        self.orphans_settled += 1
         logger.info("%s: settled (stored %s; %s -> %s)", tid, state, settlement.plan.decision.value,
                     settlement.outcome.value)
         try:
@@ -144,10 +148,10 @@ class OrphanScanner:
             result = writer.recover(on_heuristic="report")
         except Exception as exc:  # noqa: BLE001 - reported in the result and the metrics, retried next scan
             logger.error("%s: recovery of the orphaned id failed (retried at the next scan): %s", tid, exc)
-            self._counters.orphan_errors += 1
+            self.orphan_errors += 1
             self._keeper.retire([_Slot(writer, epoch)], abandon=True)
             return RecoveryResult(tid, PreparedTxnState(), None, error=exc)
-        self._counters.orphans_settled += 1
+        self.orphans_settled += 1
         if not (keep and self._keeper.adopt(writer, epoch)):
             self._keeper.retire([_Slot(writer, epoch)])
         return result

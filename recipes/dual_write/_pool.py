@@ -40,6 +40,10 @@ from ._lifecycle import PoolState
 from ._options import (
     DEFAULT_ACQUIRE_TIMEOUT_S,
     DEFAULT_LEASE_S,
+    DEFAULT_MAX_SLOTS,
+    DEFAULT_SETTLE_PARALLELISM,
+    DEFAULT_SLOW_COMMIT_S,
+    MAX_POOL_LOCK_TIMEOUT_S,
     WriterOptions,
     options_from,
     pool_option_problems,
@@ -50,7 +54,7 @@ from ._pipeline import CommitPipeline, InFlightCommit
 from ._runtime import THREADS, fork_lock, forks_seen, keep_inherited
 from ._schema import create_state_table
 from ._schema import define_state_table as _make_state_table
-from ._slots import PoolExhaustedError, SlotKeeper, _Counters
+from ._slots import PoolExhaustedError, SlotKeeper
 from ._values import DualWriteMetrics, RecoveryResult, StepHook
 from ._writer import DualWriter, writer_on
 
@@ -114,10 +118,10 @@ class PoolShape:
     lease_s: float = DEFAULT_LEASE_S
     scan_every_s: float | None = None
     acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S
-    settle_parallelism: int = 8
+    settle_parallelism: int = DEFAULT_SETTLE_PARALLELISM
     pipelined: bool = False
     max_in_flight: int | None = None
-    slow_commit_s: float = 1.0
+    slow_commit_s: float = DEFAULT_SLOW_COMMIT_S
     owner: str | None = None
 
     def keywords(self) -> dict[str, Any]:
@@ -180,10 +184,10 @@ class WriterPool:
         lease_s: float = DEFAULT_LEASE_S,
         scan_every_s: float | None = None,
         acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
-        settle_parallelism: int = 8,
+        settle_parallelism: int = DEFAULT_SETTLE_PARALLELISM,
         pipelined: bool = False,
         max_in_flight: int | None = None,
-        slow_commit_s: float = 1.0,
+        slow_commit_s: float = DEFAULT_SLOW_COMMIT_S,
         state_table: sa.Table | None = None,
         lease_table: sa.Table | None = None,
         owner: str | None = None,
@@ -223,9 +227,9 @@ class WriterPool:
         self._config = dict(producer_config)
         self._shape = shape
         self._lease_s = float(shape.lease_s)
-        self._max_slots = shape.max_slots if shape.max_slots is not None else min(size, 8)
+        self._max_slots = shape.max_slots if shape.max_slots is not None else min(size, DEFAULT_MAX_SLOTS)
         if options.lock_timeout_s is None:  # a recovery never waits on a paused instance's row lock longer
-            options = dataclasses.replace(options, lock_timeout_s=min(self._lease_s, 10.0))
+            options = dataclasses.replace(options, lock_timeout_s=min(self._lease_s, MAX_POOL_LOCK_TIMEOUT_S))
         self._options = options
         self._listeners = Listeners()
         """The pool's own listeners, fired by every writer of the pool before the writer's own."""
@@ -244,11 +248,10 @@ class WriterPool:
         self._forks = forks_seen()
         self._state = PoolState.NEW
         self._state_changed = self._runtime.condition()
-        self._counters = _Counters()
         book = LeaseBook(self._engine, self._lease_table, shape.prefix, owner, self._lease_s)
         self._keeper = SlotKeeper(
             book, self._runtime, self._new_writer, prefix=shape.prefix, size=shape.size, max_slots=self._max_slots,
-            lease_s=self._lease_s, acquire_timeout_s=shape.acquire_timeout_s, counters=self._counters,
+            lease_s=self._lease_s, acquire_timeout_s=shape.acquire_timeout_s,
             rng=self._random,
         )
         self._scanner = OrphanScanner(
@@ -349,21 +352,21 @@ class WriterPool:
 
     def metrics(self) -> PoolMetrics:
         """A snapshot of the pool (no I/O; safe from any thread)."""
-        keeper, counters = self._keeper, self._counters
+        keeper, scanner = self._keeper, self._scanner
         with keeper.cond:
             slots = list(keeper.slots)
-            retired = list(counters.retired)
+            retired = list(keeper.retired)
         pipeline = self._pipeline
         writers = DualWriteMetrics.aggregate([s.writer.metrics() for s in slots] + retired)
         return PoolMetrics(
             transactions=dataclasses.replace(
-                writers, heuristic_outcomes=writers.heuristic_outcomes + counters.heuristics
+                writers, heuristic_outcomes=writers.heuristic_outcomes + scanner.heuristics
             ),
             leases_held=sum(not s.lost for s in slots),
             slots_busy=sum(s.busy for s in slots),
-            orphans_settled=counters.orphans_settled,
-            orphan_recovery_errors=counters.orphan_errors,
-            leases_lost=counters.leases_lost,
+            orphans_settled=keeper.orphans_taken + scanner.orphans_settled,
+            orphan_recovery_errors=scanner.orphan_errors,
+            leases_lost=keeper.leases_lost,
             commits_in_flight=pipeline.in_flight if pipeline else 0,
             oldest_commit_in_flight_age_s=pipeline.oldest_age_s() if pipeline else None,
             slow_commits=pipeline.slow_commits if pipeline else 0,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from kafka2pc import (
+    DEFAULT_CLOSE_TIMEOUT_S,
     HeuristicOutcomeError,
     IllegalStateError,
     IndefiniteOutcomeError,
@@ -49,15 +50,15 @@ class Recovery:
     def recover(self, *, raise_on_heuristic: bool, acknowledge: bool, deadline: float | None = None) -> RecoveryResult:
         """Recover; with a ``deadline`` (``time.monotonic()``) every Kafka call ends by it."""
         core = self._core
-        old, core.producer = core.producer, None
+        old = core.take_producer()
         if old is not None:
             try:
-                old.close(seconds_left(deadline) or 30.0)
+                old.close(seconds_left(deadline) or DEFAULT_CLOSE_TIMEOUT_S)
             except Exception:  # the new producer fences it anyway
                 logger.debug("%s: closing the old producer failed", core.tid, exc_info=True)
         core.to(WriterState.RECOVERING)
         self.recoveries += 1
-        core.token = None
+        core.wrote(core.last_state, None)
         try:
             try:
                 result, heuristic_error = self._recover_steps(acknowledge, deadline)
@@ -72,7 +73,7 @@ class Recovery:
             core.to(WriterState.NEEDS_RECOVERY)
             raise
         core.to(WriterState.READY)
-        core.in_doubt = core.in_doubt_since = None
+        core.settled()
         settlement = result.settlement
         assert settlement is not None
         logger.info(
@@ -108,7 +109,7 @@ class Recovery:
         except BaseException:
             producer.close()
             raise
-        core.producer = producer
+        core.install(producer)
         core.step(Step.RECOVERY_SETTLED)
         # 3. Under the claim (the row still carries its token): outbox, re-publication, acknowledgement.
         republished, acknowledged = 0, False
@@ -136,14 +137,14 @@ class Recovery:
                 if conn.in_transaction():
                     conn.commit()
                     if heuristic_error is None and not republished:
-                        core.outbox_dirty = False
+                        core.mark_outbox(False)
             except BaseException:
                 try:
                     conn.rollback()
                 except sa.exc.SQLAlchemyError:
                     logger.debug("%s: rollback of the recovery transaction failed", core.tid, exc_info=True)
                 raise
-        core.last_state, core.token = stored, token
+        core.wrote(stored, token)
         return RecoveryResult(core.tid, state, settlement, republished, acknowledged=acknowledged), heuristic_error
 
     def _complete(
@@ -156,7 +157,7 @@ class Recovery:
             try:
                 core.kafka(lambda: producer.complete_transaction(state, seconds_left(deadline)))
             except HeuristicOutcomeError as exc:
-                core.heuristics += 1
+                core.count_heuristic()
                 admin = TransactionAdmin(core.config, control_plane=producer.control_plane)
                 plan = core.runtime.blocking(
                     functools.partial(admin.plan_recovery, core.tid, state, timeout=seconds_left(deadline))
@@ -249,8 +250,8 @@ class Recovery:
         core.step(Step.STATE_STORED)
         core.step(Step.DB_COMMITTING)
         conn.commit()
-        core.last_state, core.token = str(new_state), token
-        core.outbox_dirty = True
+        core.wrote(str(new_state), token)
+        core.mark_outbox(True)
         core.step(Step.DB_COMMITTED)
         timeout = core.kafka_timeout_s if deadline is None else seconds_left(deadline)
         core.kafka(lambda: producer.commit_transaction(timeout))

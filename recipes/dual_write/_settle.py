@@ -55,7 +55,7 @@ class Settler:
             with core.engine.connect() as conn, conn.begin():
                 stored = core.store.read_settled(conn, core.tid, lock_timeout_s=_SETTLE_LOCK_TIMEOUT_S)
         except sa.exc.SQLAlchemyError as read_exc:
-            core.in_doubt, core.in_doubt_since = state, time.monotonic()
+            core.doubt(state)
             logger.error(
                 "%s: the database COMMIT failed (%r) and the stored state cannot be read (%r): Kafka "
                 "transaction %s stays prepared until recover()", core.tid, cause, read_exc, state,
@@ -71,8 +71,8 @@ class Settler:
             core.tid, cause, "committed" if committed else "rolled back", "committing" if committed else "aborting",
         )
         if committed:
-            core.last_state = stored
-            core.outbox_dirty = core.retain
+            core.wrote(stored, core.token)
+            core.mark_outbox(core.retain)
         deadline = self.kafka_deadline()
         try:
             core.kafka(lambda: producer.complete_transaction(core.parse(stored), seconds_left(deadline)))
@@ -100,7 +100,7 @@ class Settler:
         recovery to commit.
         """
         core = self._core
-        core.in_doubt, core.in_doubt_since = state, time.monotonic()
+        core.doubt(state)
         if isinstance(cause, ProducerFencedError) or core.taken_over_now():
             # Another instance recovered this id: it read our state from the database and
             # settled our transaction.  Only look (recovering would fence it in turn).
@@ -112,10 +112,10 @@ class Settler:
                                                                          timeout=seconds_left(deadline)))
             if outcome is TransactionOutcome.COMMITTED:
                 logger.warning("%s: fenced during commit; the new owner committed %s", core.tid, state)
-                core.in_doubt = core.in_doubt_since = None
+                core.settled()
                 return
             if outcome is TransactionOutcome.ABORTED:
-                core.heuristics += 1
+                core.count_heuristic()
                 raise HeuristicOutcomeError(
                     f"{core.tid!r}: the database committed {state} but Kafka aborted it, and another instance "
                     "owns the id now (its recover() re-publishes retained records)",

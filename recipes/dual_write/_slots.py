@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -57,16 +57,6 @@ class _Slot:
         return self.writer.transactional_id
 
 
-@dataclass
-class _Counters:
-    orphans_settled: int = 0
-    orphan_errors: int = 0
-    heuristics: int = 0
-    leases_lost: int = 0
-    retired: list[DualWriteMetrics] = field(default_factory=list)
-
-
-
 class SlotKeeper:
     """This instance's slots and the leases under them: taken, given back, renewed, dropped when lost.
 
@@ -78,7 +68,7 @@ class SlotKeeper:
 
     def __init__(
         self, book: LeaseBook, runtime: Runtime, new_writer: Callable[[str], DualWriter], *, prefix: str, size: int,
-        max_slots: int, lease_s: float, acquire_timeout_s: float, counters: _Counters, rng: random.Random,
+        max_slots: int, lease_s: float, acquire_timeout_s: float, rng: random.Random,
     ) -> None:
         self.book = book
         self._new_writer = new_writer
@@ -87,7 +77,6 @@ class SlotKeeper:
         self.max_slots = max_slots
         self._lease_s = lease_s
         self._acquire_timeout_s = acquire_timeout_s
-        self.counters = counters
         self._random = rng
         self.cond = runtime.condition()
         self.slots: list[_Slot] = []
@@ -95,6 +84,11 @@ class SlotKeeper:
         """Slots being leased and recovered now (they count against ``max_slots``)."""
         self.closed = False
         self._renewed_at = time.monotonic()
+        self.retired: list[DualWriteMetrics] = []
+        """The metrics of the writers of slots retired (the pool's totals include them)."""
+        self.orphans_taken = 0
+        """Expired leases this keeper took to make a slot (their recovery settled another instance's id)."""
+        self.leases_lost = 0
 
     def renewed_now(self) -> None:
         """The leases count as renewed now (the pool just recorded its ids)."""
@@ -215,7 +209,7 @@ class SlotKeeper:
                 self.retire([_Slot(writer, claimed.epoch)], abandon=True)
                 raise
             if lease.owner is not None:
-                self.counters.orphans_settled += 1
+                self.orphans_taken += 1
             return _Slot(writer, claimed.epoch)
         return None
 
@@ -244,7 +238,7 @@ class SlotKeeper:
         release: list[tuple[str, int]] = []
         expire: list[tuple[str, int]] = []
         for slot in slots:
-            self.counters.retired.append(slot.writer.metrics())
+            self.retired.append(slot.writer.metrics())
             clean = not abandon and not slot.lost and slot.writer.state is WriterState.READY
             if not slot.lost:
                 (release if clean else expire).append((slot.tid, slot.epoch))
@@ -265,7 +259,7 @@ class SlotKeeper:
             for slot in self.slots:
                 if not slot.lost and held.get(slot.tid) != slot.epoch:
                     slot.lost = True
-                    self.counters.leases_lost += 1
+                    self.leases_lost += 1
                     logger.error("%s: this instance's lease (epoch %d) was taken over by another instance "
                                  "(this one was presumed dead): dropping the slot", slot.tid, slot.epoch)
                     if not slot.busy:

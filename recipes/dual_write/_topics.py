@@ -17,7 +17,10 @@ from kafka2pc import UnknownTopicError
 LIBRDKAFKA_LOGGER: Final = "kafka2pc.librdkafka"
 """The logger kafka2pc's producers give librdkafka (``kafka2pc._logging.LIBRDKAFKA_LOGGER_NAME``)."""
 
-__all__ = ["TopicCheck"]
+__all__ = ["DEFAULT_TOPIC_CHECK_TIMEOUT_S", "TopicCheck"]
+
+DEFAULT_TOPIC_CHECK_TIMEOUT_S: Final = 10.0
+"""How long a new topic's metadata request waits, unless the writer's ``kafka_timeout_s`` bounds it."""
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +32,7 @@ class TopicCheck:
     """Remembers the topics known to exist; asks the cluster (bounded) about a new one."""
 
     def __init__(
-        self, producer_config: Mapping[str, Any], timeout_s: float = 10.0,
+        self, producer_config: Mapping[str, Any], timeout_s: float = DEFAULT_TOPIC_CHECK_TIMEOUT_S,
         blocking: Callable[[Callable[[], Any]], Any] | None = None,
     ) -> None:
         """``blocking`` runs the metadata request (the writer's runtime: in an event loop, off the loop)."""

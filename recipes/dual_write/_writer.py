@@ -31,7 +31,7 @@ from ._core import WriterCore
 from ._events import EVENTS, Listeners, StepListener
 from ._handle import DualWriteTransaction
 from ._lifecycle import WriterState
-from ._options import DEFAULT_QUEUE_FULL_TIMEOUT_S, WriterOptions, options_from
+from ._options import DEFAULT_QUEUE_FULL_TIMEOUT_S, DEFAULT_SETTLE_ATTEMPTS, WriterOptions, options_from
 from ._recovery import Recovery
 from ._runtime import THREADS, forks_seen
 from ._schema import create_state_table
@@ -100,7 +100,7 @@ class DualWriter:
         retain_records: bool = False,
         lock_timeout_s: float | None = None,
         on_step: StepHook | None = None,
-        settle_attempts: int = 5,
+        settle_attempts: int = DEFAULT_SETTLE_ATTEMPTS,
         queue_full_timeout_s: float = DEFAULT_QUEUE_FULL_TIMEOUT_S,
         kafka_timeout_s: float | None = None,
         lock_timeout_ms: int | None = None,
@@ -351,11 +351,11 @@ class DualWriter:
         core = self._core
         if timeout is not None and timeout < 0:
             raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
-        producer, core.producer = core.producer, None
+        producer = core.take_producer()
         if self._forks != forks_seen():
             # The parent's producer: its threads are not in this process, its queue is the parent's.
             # Dropped unflushed (the parent, or the next owner's recovery, settles what it holds).
-            core.status = WriterState.CLOSED
+            core.abandon()
             return
         if core.status is not WriterState.RECOVERING:  # a recovery in another thread ends by itself
             core.to(WriterState.CLOSED)
@@ -520,9 +520,8 @@ class DualWriter:
                 raise
             self._committed += 1
             return
-        core.token = token
-        core.last_state = str(state)
-        core.outbox_dirty = core.retain or (core.outbox_dirty and not cleaned)
+        core.wrote(str(state), token)
+        core.mark_outbox(core.retain or (core.outbox_dirty and not cleaned))
         core.step(Step.DB_COMMITTED)
         if defer is not None:
             defer(lambda: self._commit_kafka(producer, state))

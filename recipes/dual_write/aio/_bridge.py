@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.util import greenlet_spawn
 
-from kafka2pc import PreparedTxnState, Settlement, TxnState
+from kafka2pc import DEFAULT_CLOSE_TIMEOUT_S, PreparedTxnState, Settlement, TxnState
 from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 
 try:  # SQLAlchemy 2.1 (``await_only`` is its old name, deprecated from 2.2 on)
@@ -176,5 +176,5 @@ class _GreenletProducer:
     def complete_transaction(self, state: PreparedTxnState, timeout: float | None = None) -> None:
         wait_for(self.async_producer.complete_transaction(state, timeout))
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = DEFAULT_CLOSE_TIMEOUT_S) -> None:
         wait_for(self.async_producer.close(timeout))

@@ -25,7 +25,14 @@ from kafka2pc._deprecation import seconds_from_ms
 from .._events import EVENTS, StepListener
 from .._lease import Lease
 from .._lifecycle import PoolState
-from .._options import DEFAULT_ACQUIRE_TIMEOUT_S, DEFAULT_LEASE_S, WriterOptions, options_from
+from .._options import (
+    DEFAULT_ACQUIRE_TIMEOUT_S,
+    DEFAULT_LEASE_S,
+    DEFAULT_SETTLE_PARALLELISM,
+    DEFAULT_SLOW_COMMIT_S,
+    WriterOptions,
+    options_from,
+)
 from .._pool import PoolMetrics, PoolShape, pool_on
 from .._runtime import forks_seen
 from .._values import RecoveryResult, StepHook
@@ -85,10 +92,10 @@ class AsyncWriterPool:
         lease_s: float = DEFAULT_LEASE_S,
         scan_every_s: float | None = None,
         acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
-        settle_parallelism: int = 8,
+        settle_parallelism: int = DEFAULT_SETTLE_PARALLELISM,
         pipelined: bool = False,
         max_in_flight: int | None = None,
-        slow_commit_s: float = 1.0,
+        slow_commit_s: float = DEFAULT_SLOW_COMMIT_S,
         state_table: sa.Table | None = None,
         lease_table: sa.Table | None = None,
         owner: str | None = None,

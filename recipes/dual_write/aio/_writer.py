@@ -21,7 +21,7 @@ from .._async_handle import AsyncTransactionHandle
 from .._events import EVENTS, StepListener
 from .._handle import DualWriteTransaction
 from .._lifecycle import WriterState
-from .._options import DEFAULT_QUEUE_FULL_TIMEOUT_S, WriterOptions, options_from
+from .._options import DEFAULT_QUEUE_FULL_TIMEOUT_S, DEFAULT_SETTLE_ATTEMPTS, WriterOptions, options_from
 from .._runtime import forks_seen
 from .._schema import create_state_table
 from .._values import DualWriteMetrics, OnHeuristic, RecoveryResult, StepHook, heuristic_flags
@@ -109,7 +109,7 @@ class AsyncDualWriter:
         retain_records: bool = False,
         lock_timeout_s: float | None = None,
         on_step: StepHook | None = None,
-        settle_attempts: int = 5,
+        settle_attempts: int = DEFAULT_SETTLE_ATTEMPTS,
         queue_full_timeout_s: float = DEFAULT_QUEUE_FULL_TIMEOUT_S,
         kafka_timeout_s: float | None = None,
         lock_timeout_ms: int | None = None,
