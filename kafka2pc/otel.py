@@ -47,8 +47,9 @@ How each part is observed, without changing it:
   transaction methods (the class is untouched);
 * the core producer, asyncio: the sync producer it drives is instrumented; its
   calls run in the awaiting task's context (spans are children of its span);
-* the dual write (a writer or a pool, sync or asyncio): the writer's steps
-  (those ``on_step`` sees) time the phases, and its ``metrics()`` snapshot
+* the dual write (a writer or a pool, sync or asyncio): a listener attached
+  through the writer's public ``add_listener("step", ...)`` times the phases
+  each step declares it begins or ends, and its ``metrics()`` snapshot
   (a pool's ``metrics().transactions``) feeds the counters and gauges (read at each
   collection, so nothing drifts: a rollback that passes no step is counted
   too).  A phase span an exception interrupted ends, with status ERROR, when
@@ -96,12 +97,9 @@ from kafka2pc._otel_tracks import (
     POOL,
     SINK_ID,
     TRANSACTIONAL_ID,
-    _DualWriterLike,
     _ProducerTrack,
-    _SinkLike,
     _SinkTrack,
     _SlotTrack,
-    _StepLike,
     _WriterTrack,
 )
 
@@ -201,6 +199,9 @@ class Telemetry:
         self._prepare_duration = self._histogram(meter, "kafka2pc.transaction.prepare.duration")
         self._commit_duration = self._histogram(meter, "kafka2pc.transaction.commit.duration")
         self._db_commit_duration = self._histogram(meter, "kafka2pc.transaction.db_commit.duration")
+        self._phase_durations = {"prepare": self._prepare_duration, "db_commit": self._db_commit_duration,
+                                 "kafka_commit": self._commit_duration}
+        """The histogram of each dual-write phase (the phases a step declares it begins or ends)."""
         for name, callback in (
             ("kafka2pc.transaction.open.age", self._observe_open_age),
             ("kafka2pc.transaction.prepared.age", self._observe_prepared_age),
@@ -310,69 +311,58 @@ class Telemetry:
         spans.  A pool's points carry ``kafka2pc.pool`` (its prefix) instead
         of a transactional id, and its counters are the pool's
         (``pool.metrics().transactions``: retired slots included); each span
-        names the slot's transactional id.  The writer's own ``on_step``
-        hook, if any, still runs (after this one).
+        names the slot's transactional id.  Observed through the writer's
+        public listener API (``writer.add_listener("step", ...)``); the
+        writer's own ``on_step`` hook, if any, still runs (after this one).
         """
-        inner: Any = getattr(writer, "_sync", writer)  # an asyncio writer or pool runs the sync one's code
-        observers: list[Callable[[Any, Any], None]] | None = getattr(inner, "_step_observers", None)
-        if observers is None or not callable(getattr(inner, "metrics", None)):
+        target: Any = writer
+        if not callable(getattr(target, "add_listener", None)) or not callable(getattr(target, "metrics", None)):
             raise TypeError(
                 f"instrument_dual_writer() takes a DualWriter, WriterPool, AsyncDualWriter or AsyncWriterPool, "
                 f"not {type(writer).__name__}"
             )
-        if hasattr(inner, "prefix"):  # a pool
-            track = _WriterTrack(weakref.ref(inner), {COMPONENT: "dual_write", POOL: inner.prefix},
+        if hasattr(target, "prefix"):  # a pool
+            track = _WriterTrack(weakref.ref(target), {COMPONENT: "dual_write", POOL: target.prefix},
                                  lambda pool: pool.metrics().transactions)
         else:
-            attributes = {COMPONENT: "dual_write", TRANSACTIONAL_ID: inner.transactional_id}
-            track = _WriterTrack(weakref.ref(inner), attributes, lambda one: one.metrics())
+            attributes = {COMPONENT: "dual_write", TRANSACTIONAL_ID: target.transactional_id}
+            track = _WriterTrack(weakref.ref(target), attributes, lambda one: one.metrics())
         with self._lock:
             self._writers.append(track)
         self._sync_writer(track)
 
-        def observe(one: _DualWriterLike, step: _StepLike) -> None:
+        def observe(one: Any, step: Any) -> None:
             self._writer_step(track, one, step)
 
-        observers.insert(0, observe)
+        target.add_listener("step", observe)
         return writer
 
-    def _writer_step(self, track: _WriterTrack, writer: _DualWriterLike, step: _StepLike) -> None:
-        name = step.value
+    def _writer_step(self, track: _WriterTrack, writer: Any, step: Any) -> None:
+        """One step of ``writer`` (a writer, or a pool's slot), read through what the step declares of itself:
+        whether an attempt begins, which phase it begins or ends, whether it prepares or settles."""
         now = time.monotonic()
         slot = track.slot(writer)
         attrs = track.attributes
-        if name in ("db_begun", "recovery_locked"):
+        if step.attempt_begins:
             rolled_back = writer.metrics().transactions_rolled_back
             self._end_stale_spans(slot, "rolled back" if rolled_back > slot.rolled_back_at_begin else "interrupted")
             slot.rolled_back_at_begin = rolled_back
             slot.prepared_since = None
             self._sync_writer(track)
-        if name == "recovery_locked":
-            self._start(slot, "kafka2pc.recovery", now)
-        elif name == "recovery_settled":
-            self._end(slot, "kafka2pc.recovery", now)
-            slot.prepared_since = None
-            self._sync_writer(track)
-        elif name == "body_done":
-            self._start(slot, "kafka2pc.prepare", now)
-        elif name == "prepared":
-            started = self._end(slot, "kafka2pc.prepare", now)
-            if started is not None:
-                self._prepare_duration.record(now - started, attrs)
+        ended: str | None = step.phase_ends
+        if ended is not None:
+            started = self._end(slot, f"kafka2pc.{ended}", now)
+            duration = self._phase_durations.get(ended)
+            if started is not None and duration is not None:
+                duration.record(now - started, attrs)
+        if step.leaves_prepared:
             slot.prepared_since = now
-        elif name == "db_committing":
-            self._start(slot, "kafka2pc.db_commit", now)
-        elif name == "db_committed":
-            started = self._end(slot, "kafka2pc.db_commit", now)
-            if started is not None:
-                self._db_commit_duration.record(now - started, attrs)
-            self._start(slot, "kafka2pc.kafka_commit", now)
-        elif name == "kafka_committed":
-            started = self._end(slot, "kafka2pc.kafka_commit", now)
-            if started is not None:
-                self._commit_duration.record(now - started, attrs)
+        if step.settles:
             slot.prepared_since = None
             self._sync_writer(track)
+        begun: str | None = step.phase_begins
+        if begun is not None:
+            self._start(slot, f"kafka2pc.{begun}", now)
 
     def _start(self, track: _SlotTrack, name: str, now: float) -> None:
         track.spans[name] = (self._tracer.start_span(name, attributes=track.attributes), now)
@@ -422,12 +412,17 @@ class Telemetry:
         track = _SinkTrack(sink)
         with self._lock:
             self._sinks.append(track)
-        if not isinstance(sink, _SinkLike):  # format("kafka2pc")'s DataSourceMonitor: batches end in the JVM
-            sink.add_batch_listener(lambda batch: self._record_relayed_batch(track, batch))
+        target: Any = sink
+        if callable(getattr(target, "add_batch_listener", None)):
+            # format("kafka2pc")'s DataSourceMonitor: batches end in the JVM, each reported when it ended
+            target.add_batch_listener(lambda batch: self._record_relayed_batch(track, batch))
             return sink
-        write_batch = type(sink).__call__
+        if not callable(target) or not hasattr(target, "last_batch_metrics"):
+            raise TypeError(f"instrument_spark_sink() takes a KafkaTwoPhaseSink or the monitor "
+                            f"register_data_source() returns, not {type(sink).__name__}")
+        write_batch = type(target).__call__
 
-        def instrumented_call(this: _SinkLike, df: DataFrame, batch_id: int) -> None:
+        def instrumented_call(this: Any, df: DataFrame, batch_id: int) -> None:
             with self._tracer.start_as_current_span("kafka2pc.spark.batch") as batch_span:
                 batch_span.set_attribute("kafka2pc.batch_id", int(batch_id))
                 track.open_since = time.monotonic()
@@ -441,9 +436,9 @@ class Telemetry:
 
         # ``sink(df, batch_id)`` looks ``__call__`` up on the class: give this one object a
         # subclass whose ``__call__`` records the batch (the sink's state and methods unchanged).
-        sink.__class__ = type(type(sink).__name__, (type(sink),), {
-            "__call__": instrumented_call, "__module__": type(sink).__module__,
-            "__qualname__": type(sink).__qualname__,
+        target.__class__ = type(type(target).__name__, (type(target),), {
+            "__call__": instrumented_call, "__module__": type(target).__module__,
+            "__qualname__": type(target).__qualname__,
         })
         return sink
 

@@ -1,13 +1,15 @@
-"""The system checks of the ``KAFKA2PC`` setting and of ``DATABASES`` (``manage.py check``; no database, no broker).
+"""The system checks of the ``KAFKA2PC`` setting (``manage.py check``; no database connection, no broker).
 
-========  ==============================================================
-id        what
-========  ==============================================================
-E001      ``settings.KAFKA2PC`` is missing or wrong
-W001      an alias has ``ATOMIC_REQUESTS`` on: ``dual_write()`` in its views
-          raises ``NestedAtomicError`` unless they are decorated with
-          ``@transaction.non_atomic_requests``
-========  ==============================================================
+Each problem gets its own id:
+
+* ``kafka2pc.E001``: the setting's shape (not a dict, an unknown key, ``PRODUCER``,
+  ``TRANSACTIONAL_ID_PREFIX``, ``POOL_SIZE``, ``POOL_OPTIONS`` not a dict or with an unknown key);
+* ``kafka2pc.E1nn``: a bad ``POOL_OPTIONS`` value (one id per option, :data:`OPTION_CHECK_IDS`), found by
+  the same checks ``WriterPool`` and ``WriterOptions`` raise;
+* ``kafka2pc.E002``: the ``default`` database's backend is not one the app supports (PostgreSQL, SQLite,
+  MySQL/MariaDB); ``kafka2pc.W002``: another alias's is not (``dual_write(using=...)`` fails there);
+* ``kafka2pc.W001``: an alias has ``ATOMIC_REQUESTS`` on: ``dual_write()`` in its views raises
+  ``NestedAtomicError`` unless they are decorated with ``@transaction.non_atomic_requests``.
 """
 
 from __future__ import annotations
@@ -16,16 +18,43 @@ from typing import Any
 
 from django.core import checks
 
-from ._settings import ConfigurationError, current_settings
+from ._settings import OPTION_CHECK_IDS, setting_problems
+
+__all__ = ["OPTION_CHECK_IDS", "SUPPORTED_VENDORS", "check_atomic_requests", "check_settings"]
+
+SUPPORTED_VENDORS = frozenset({"postgresql", "sqlite", "mysql"})
+"""Django's ``connection.vendor`` of the backends the app runs on (``_engines.py`` maps each)."""
+
+_HINT = "See docs/django.md, 'Configure'"
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """One error naming what is wrong with ``settings.KAFKA2PC``, or nothing."""
-    try:
-        current_settings()
-    except ConfigurationError as exc:
-        return [checks.Error(str(exc), hint="See docs/django.md, 'Configure'", id="kafka2pc.E001")]
-    return []
+    """Every problem of ``settings.KAFKA2PC`` and of the databases' backends, each with its own id."""
+    from django.conf import settings
+
+    found: list[checks.CheckMessage] = [
+        checks.Error(problem.message, hint=_HINT, id=problem.id)
+        for problem in setting_problems(getattr(settings, "KAFKA2PC", None))
+    ]
+    return found + _check_backends()
+
+
+def _check_backends() -> list[checks.CheckMessage]:
+    from django.db import connections
+
+    found: list[checks.CheckMessage] = []
+    for alias in connections:
+        vendor = connections[alias].vendor  # the wrapper only: nothing is connected
+        if vendor in SUPPORTED_VENDORS:
+            continue
+        message = (f"database {alias!r} uses Django's {vendor!r} backend: kafka2pc.recipes.django supports "
+                   f"{', '.join(sorted(SUPPORTED_VENDORS))} only")
+        if alias == "default":
+            found.append(checks.Error(message, hint=_HINT, id="kafka2pc.E002"))
+        else:
+            found.append(checks.Warning(message + f"; dual_write(using={alias!r}) fails there", hint=_HINT,
+                                        id="kafka2pc.W002"))
+    return found
 
 
 def check_atomic_requests(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from kafka2pc import UsageError
+from kafka2pc import DEFAULT_CLOSE_TIMEOUT_S, UsageError
 
 from ..dual_write import (
     DEFAULT_LEASE_TABLE,
@@ -26,18 +26,14 @@ from ..dual_write import (
     define_lease_table,
     define_state_table,
 )
+from ..dual_write._options import DEFAULT_MAX_SLOTS
 from ._engines import borrowed_engine, own_engine, test_case_engine
-from ._settings import Kafka2pcSettings, current_settings
+from ._settings import DEFAULT_KAFKA_TIMEOUT_S, Kafka2pcSettings, current_settings
 
-__all__ = ["AliasRuntime", "MigrationMissingError", "close", "close_all", "existing_runtime", "on_setting_changed",
-           "runtime_for"]
+__all__ = ["DEFAULT_KAFKA_TIMEOUT_S", "AliasRuntime", "MigrationMissingError", "close", "close_all", "existing_runtime",
+           "on_setting_changed", "runtime_for"]
 
 logger = logging.getLogger("kafka2pc.recipes.django")
-
-DEFAULT_KAFKA_TIMEOUT_S = 30.0
-"""The pool's ``kafka_timeout_s`` unless ``POOL_OPTIONS`` sets it: a request never waits on librdkafka's own,
-longer limits."""
-
 
 class MigrationMissingError(MissingTableError):
     """The app's tables are missing in this database: run ``python manage.py migrate kafka2pc``."""
@@ -76,7 +72,7 @@ class AliasRuntime:
                     self._test_case = test_case_engine(self.alias)
         return self._test_case
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = DEFAULT_CLOSE_TIMEOUT_S) -> None:
         """Close the pool (leases given back or left to expire, see ``WriterPool.close``) and the engines."""
         try:
             self.pool.close(timeout)
@@ -102,15 +98,16 @@ def _check_tables(engine: sa.Engine, alias: str, *, outbox: bool) -> None:
 
 def _make(alias: str) -> AliasRuntime:
     settings = current_settings()
-    options = {"kafka_timeout_s": DEFAULT_KAFKA_TIMEOUT_S, **settings.pool_options}
-    own = own_engine(alias, pool_size=max(2, int(options.get("max_slots") or min(settings.pool_size, 8)) + 2))
+    options, keywords = settings.writer_options(), settings.pool_keywords()
+    slots = int(keywords.get("max_slots") or min(settings.pool_size, DEFAULT_MAX_SLOTS))
+    own = own_engine(alias, pool_size=max(2, slots + 2))
     try:
-        _check_tables(own, alias, outbox=bool(options.get("retain_records")))
+        _check_tables(own, alias, outbox=options.retain_records)
         metadata = sa.MetaData()
         pool = WriterPool(
             own, settings.producer, prefix=settings.prefix_for(alias), size=settings.pool_size,
             state_table=define_state_table(metadata), lease_table=define_lease_table(metadata), start=False,
-            **options,
+            options=options, **keywords,
         )
     except BaseException:
         own.dispose()
@@ -153,16 +150,12 @@ def _runtime(alias: str) -> AliasRuntime:
         return runtime
 
 
-DEFAULT_CLOSE_TIMEOUT_S = 30.0
-""":func:`close`'s wait without ``timeout``."""
-
-
 def close(timeout: float | None = None) -> None:
     """Close this process's pools (at a worker's exit: gunicorn ``worker_exit``, ``atexit`` in an ASGI module).
 
     Each pool drains and gives its leases back (those with a transaction in
     doubt are left to expire, for a survivor's recovery), waiting up to
-    ``timeout`` seconds (``None``: 30 s) for transactions still running.
+    ``timeout`` seconds (``None``: :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`) for transactions still running.
     The next ``dual_write()`` makes a new pool.
     """
     if timeout is not None and timeout < 0:
@@ -179,7 +172,7 @@ def on_setting_changed(*, setting: str, **kwargs: object) -> None:
         close_all(DEFAULT_CLOSE_TIMEOUT_S)
 
 
-def close_all(timeout: float = 30.0) -> None:
+def close_all(timeout: float = DEFAULT_CLOSE_TIMEOUT_S) -> None:
     """Close every runtime of this process (see :func:`close`)."""
     with _lock:
         runtimes = list(_runtimes.values()) if _pid == os.getpid() else []

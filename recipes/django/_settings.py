@@ -3,21 +3,46 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, Final
 
 from django.core.exceptions import ImproperlyConfigured
 
 from kafka2pc import UsageError
 
-__all__ = ["ConfigurationError", "Kafka2pcSettings", "read_settings"]
+from ..dual_write import WriterOptions
+from ..dual_write._options import pool_option_problems
+from ..dual_write._pool import PoolShape
 
-#: ``WriterPool`` keyword arguments the ``POOL_OPTIONS`` key may set (the others are the app's).
-POOL_OPTIONS = frozenset({
-    "max_slots", "lease_s", "scan_every_s", "acquire_timeout_s", "settle_parallelism", "retain_records",
-    "lock_timeout_s", "kafka_timeout_s", "on_step", "owner",
-})
+__all__ = ["DEFAULT_KAFKA_TIMEOUT_S", "OPTION_CHECK_IDS", "ConfigurationError", "Kafka2pcSettings", "SettingProblem",
+           "read_settings", "setting_problems"]
+
+DEFAULT_KAFKA_TIMEOUT_S: Final = 30.0
+"""The pool's ``kafka_timeout_s`` unless ``POOL_OPTIONS`` sets it: a request never waits on librdkafka's own,
+longer limits."""
+
+#: ``POOL_OPTIONS`` keys that are not the app's to take: a request's Kafka commit is never pipelined.
+_NOT_OFFERED = frozenset({"pipelined", "max_in_flight", "slow_commit_s"})
+_WRITER_KEYS = frozenset(f.name for f in fields(WriterOptions))
+_POOL_KEYS = frozenset(f.name for f in fields(PoolShape)) - {"prefix", "size"} - _NOT_OFFERED
+
+#: The keys ``POOL_OPTIONS`` may set: :class:`~kafka2pc.recipes.dual_write.WriterOptions`' fields and the
+#: ``WriterPool`` arguments of its own (derived from both, never listed by hand).
+POOL_OPTIONS = _WRITER_KEYS | _POOL_KEYS
 _KEYS = frozenset({"PRODUCER", "TRANSACTIONAL_ID_PREFIX", "POOL_SIZE", "POOL_OPTIONS"})
+
+#: The system check id of each ``POOL_OPTIONS`` value's problem (``kafka2pc.E001``: the setting's shape).
+OPTION_CHECK_IDS: Final[dict[str, str]] = {
+    name: f"kafka2pc.E{100 + i:03d}" for i, name in enumerate(sorted(POOL_OPTIONS | {"size"}))
+}
+
+
+@dataclass(frozen=True)
+class SettingProblem:
+    """One problem of the ``KAFKA2PC`` setting, with the id ``manage.py check`` reports it under."""
+
+    id: str
+    message: str
 
 
 class ConfigurationError(UsageError, ImproperlyConfigured):
@@ -41,42 +66,75 @@ class Kafka2pcSettings:
     pool_size: int
     pool_options: Mapping[str, Any] = field(default_factory=dict)
 
+    def writer_options(self) -> WriterOptions:
+        """The pool's :class:`~kafka2pc.recipes.dual_write.WriterOptions` (``kafka_timeout_s``: 30 s unless set)."""
+        given = {k: v for k, v in self.pool_options.items() if k in _WRITER_KEYS}
+        return WriterOptions(**{"kafka_timeout_s": DEFAULT_KAFKA_TIMEOUT_S, **given})
+
+    def pool_keywords(self) -> dict[str, Any]:
+        """The ``WriterPool`` arguments of its own among ``pool_options`` (``max_slots``, ``lease_s``...)."""
+        return {k: v for k, v in self.pool_options.items() if k in _POOL_KEYS}
+
     def prefix_for(self, alias: str) -> str:
         """The pool's prefix for database ``alias``: ``prefix`` for ``default``, ``prefix.alias`` otherwise."""
         return self.prefix if alias == "default" else f"{self.prefix}.{alias}"
 
 
 def read_settings(value: object) -> Kafka2pcSettings:
-    """Check the ``KAFKA2PC`` setting's value; raise :class:`ConfigurationError` naming what is wrong."""
+    """Check the ``KAFKA2PC`` setting's value; raise :class:`ConfigurationError` naming the first problem."""
+    problems, settings = _read(value)
+    if problems:
+        raise ConfigurationError(problems[0].message)
+    assert settings is not None
+    return settings
+
+
+def setting_problems(value: object) -> list[SettingProblem]:
+    """Every problem of the ``KAFKA2PC`` setting's value (empty: it is good), each with its check id."""
+    return _read(value)[0]
+
+
+def _read(value: object) -> tuple[list[SettingProblem], Kafka2pcSettings | None]:
+    def shape(message: str) -> tuple[list[SettingProblem], None]:
+        return [SettingProblem("kafka2pc.E001", message)], None
+
     if not isinstance(value, Mapping):
-        raise ConfigurationError("settings.KAFKA2PC must be a dict with PRODUCER, TRANSACTIONAL_ID_PREFIX and "
-                                 "POOL_SIZE (see docs/django.md)")
+        return shape("settings.KAFKA2PC must be a dict with PRODUCER, TRANSACTIONAL_ID_PREFIX and POOL_SIZE "
+                     "(see docs/django.md)")
     unknown = sorted(set(value) - _KEYS)
     if unknown:
-        raise ConfigurationError(f"settings.KAFKA2PC has unknown keys {unknown}; known: {sorted(_KEYS)}")
+        return shape(f"settings.KAFKA2PC has unknown keys {unknown}; known: {sorted(_KEYS)}")
     producer = value.get("PRODUCER")
     if not isinstance(producer, Mapping) or not producer.get("bootstrap.servers"):
-        raise ConfigurationError("settings.KAFKA2PC['PRODUCER'] must be a confluent-kafka configuration dict "
-                                 "with 'bootstrap.servers'")
+        return shape("settings.KAFKA2PC['PRODUCER'] must be a confluent-kafka configuration dict with "
+                     "'bootstrap.servers'")
     if "transactional.id" in producer:
-        raise ConfigurationError("settings.KAFKA2PC['PRODUCER'] must not set 'transactional.id': the app leases "
-                                 "its ids from the pool named by TRANSACTIONAL_ID_PREFIX")
+        return shape("settings.KAFKA2PC['PRODUCER'] must not set 'transactional.id': the app leases its ids from "
+                     "the pool named by TRANSACTIONAL_ID_PREFIX")
     prefix = value.get("TRANSACTIONAL_ID_PREFIX")
     if not isinstance(prefix, str) or not prefix or len(prefix) > 200:
-        raise ConfigurationError("settings.KAFKA2PC['TRANSACTIONAL_ID_PREFIX'] must be a non-empty string "
-                                 "of at most 200 characters")
+        return shape("settings.KAFKA2PC['TRANSACTIONAL_ID_PREFIX'] must be a non-empty string of at most 200 "
+                     "characters")
     size = value.get("POOL_SIZE", 8)
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise ConfigurationError("settings.KAFKA2PC['POOL_SIZE'] must be a positive integer (the transactional "
-                                 "ids of all processes together)")
+        return shape("settings.KAFKA2PC['POOL_SIZE'] must be a positive integer (the transactional ids of all "
+                     "processes together)")
     options = value.get("POOL_OPTIONS", {})
     if not isinstance(options, Mapping):
-        raise ConfigurationError("settings.KAFKA2PC['POOL_OPTIONS'] must be a dict of WriterPool arguments")
+        return shape("settings.KAFKA2PC['POOL_OPTIONS'] must be a dict of WriterPool arguments")
     bad = sorted(set(options) - POOL_OPTIONS)
     if bad:
-        raise ConfigurationError(f"settings.KAFKA2PC['POOL_OPTIONS'] has unknown keys {bad}; "
-                                 f"known: {sorted(POOL_OPTIONS)}")
-    return Kafka2pcSettings(dict(producer), prefix, size, dict(options))
+        return shape(f"settings.KAFKA2PC['POOL_OPTIONS'] has unknown keys {bad}; known: {sorted(POOL_OPTIONS)}")
+    # The values: the recipe's own checks (the ones WriterPool and WriterOptions raise), one id per option.
+    problems = [
+        SettingProblem(OPTION_CHECK_IDS[p.option],
+                       f"settings.KAFKA2PC['POOL_OPTIONS'][{p.option!r}]: {p.message}"
+                       if p.option != "size" else f"settings.KAFKA2PC['POOL_SIZE']: {p.message}")
+        for p in pool_option_problems(size, options)
+    ]
+    if problems:
+        return problems, None
+    return [], Kafka2pcSettings(dict(producer), prefix, size, dict(options))
 
 
 def current_settings() -> Kafka2pcSettings:

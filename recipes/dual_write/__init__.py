@@ -77,9 +77,11 @@ except ImportError as exc:
     raise missing_extra(exc, extra="sql", feature="kafka2pc.recipes.dual_write") from exc
 
 from ._bind import Bind
+from ._events import StepListener
 from ._handle import DualWriteTransaction
 from ._lease import DEFAULT_LEASE_TABLE, Lease, define_lease_table
-from ._lifecycle import WriterState
+from ._lifecycle import PoolState, WriterState
+from ._options import WriterOptions
 from ._pool import PoolExhaustedError, PoolMetrics, WriterPool
 from ._schema import (
     DEFAULT_OUTBOX_TABLE,
@@ -116,6 +118,7 @@ __all__ = [
     "OnHeuristic",
     "PoolExhaustedError",
     "PoolMetrics",
+    "PoolState",
     "PostgresStore",
     "RecoveryResult",
     "RowLockStore",
@@ -124,7 +127,9 @@ __all__ = [
     "StateStore",
     "Step",
     "StepHook",
+    "StepListener",
     "TransactionMisuseError",
+    "WriterOptions",
     "WriterPool",
     "WriterState",
     "define_lease_table",

@@ -1,9 +1,8 @@
-"""What the writer's normal path and its recovery share: the writer's fields and small helpers."""
+"""What a writer's normal path, its settlement and its recovery share (:class:`WriterCore`), and small helpers."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -19,13 +18,17 @@ from kafka2pc import (
     QueueFullError,
 )
 
+from ._events import Listeners
 from ._lifecycle import WriterState, check_transition
-from ._store import StateStore
-from ._topics import TopicCheck
-from ._values import Step, StepHook, _encode_headers, _Record
+from ._options import WriterOptions
+from ._store import StateStore, store_for
+from ._topics import DEFAULT_TOPIC_CHECK_TIMEOUT_S, TopicCheck
+from ._values import Step, _encode_headers, _Record
 
 if TYPE_CHECKING:
     from kafka2pc import TwoPhaseCommitProducer
+
+    from ._runtime import Runtime
 
 __all__ = ["WriterCore", "parse_stored_state"]
 
@@ -50,54 +53,88 @@ def parse_stored_state(tid: str, table: sa.Table, stored: str | None, *, then: s
 
 
 class WriterCore:
-    """The fields of a :class:`DualWriter` (set by its ``__init__``) and the helpers every path uses."""
+    """What one writer's normal path, settlement and recovery share: its id, tables, options, producer and
+    the state row as this writer last committed it, with the helpers every path uses.
 
-    _engine: sa.Engine
-    _config: dict[str, Any]
-    _tid: str
-    _table: sa.Table
-    _outbox: sa.Table | None
-    _retain: bool
-    _lock_timeout_s: float | None
-    _on_step: StepHook | None
-    _step_observers: list[Callable[[Any, Step], None]]
-    """Called with ``(writer, step)`` at every step before ``_on_step`` (kafka2pc.otel's hook; a pool's
-    writers share their pool's list)."""
-    _settle_attempts: int
-    _queue_full_timeout_s: float
-    _kafka_timeout_s: float | None
-    _store: StateStore
-    _serial: threading.Lock
-    _owner: int | None
-    _status: WriterState
-    _producer: TwoPhaseCommitProducer | None
-    _last_state: str | None
-    """The stored state as this writer (or its recovery) last committed it."""
-    _token: str | None
-    """The state row's version as this writer (or its recovery) last committed it (see ``_store``)."""
-    _outbox_dirty: bool
-    """The outbox may hold rows of this id (deleted by the next transaction)."""
-    _open_since: float | None
-    _in_doubt: PreparedTxnState | None
-    _in_doubt_since: float | None
-    _committed: int
-    _rolled_back: int
-    _recoveries: int
-    _heuristics: int
-    _republished: int
-    _topics: TopicCheck
+    :class:`DualWriter` holds one and hands it to its :class:`Recovery` and
+    :class:`Settler`; the state here changes only through the writer and those two.
+    """
 
-    def _to(self, target: WriterState) -> None:
-        check_transition(self._tid, self._status, target)
-        self._status = target
+    def __init__(
+        self, engine: sa.Engine, config: dict[str, Any], tid: str, options: WriterOptions, runtime: Runtime,
+        table: sa.Table, outbox: sa.Table | None, listeners: Listeners,
+    ) -> None:
+        self.engine = engine
+        self.config = config
+        self.tid = tid
+        self.table = table
+        self.outbox = outbox
+        self.retain = options.retain_records
+        self.lock_timeout_s = options.lock_timeout_s
+        self.settle_attempts = options.settle_attempts
+        self.queue_full_timeout_s = options.queue_full_timeout_s
+        self.kafka_timeout_s = options.kafka_timeout_s
+        self.runtime = runtime
+        self.listeners = listeners
+        """The writer's step listeners (``on_step`` among them; a pool's writers share their pool's)."""
+        self.store: StateStore = store_for(engine.dialect, table)
+        self.status = WriterState.NEW
+        self.producer: TwoPhaseCommitProducer | None = None
+        self.last_state: str | None = None
+        """The stored state as this writer (or its recovery) last committed it.  Valid while READY."""
+        self.token: str | None = None
+        """The state row's version as this writer (or its recovery) last committed it (see ``_store``)."""
+        self.outbox_dirty = True
+        """The outbox may hold rows of this id (deleted by the next transaction)."""
+        self.in_doubt: PreparedTxnState | None = None
+        self.in_doubt_since: float | None = None
+        self.heuristics = 0
+        # A new topic's metadata lookup is one of the transaction's Kafka calls: bounded by kafka_timeout_s too.
+        self.topics = TopicCheck(config, blocking=runtime.blocking, timeout_s=self.kafka_timeout_s
+                                 if self.kafka_timeout_s is not None else DEFAULT_TOPIC_CHECK_TIMEOUT_S)
 
-    def _step(self, step: Step) -> None:
-        for observe in self._step_observers:
-            observe(self, step)
-        if self._on_step is not None:
-            self._on_step(step)
+    # -- the only places this state changes ------------------------------------------
+    def take_producer(self) -> TwoPhaseCommitProducer | None:
+        """The producer, which this writer no longer holds (to close or replace it)."""
+        producer, self.producer = self.producer, None
+        return producer
 
-    def _kafka(self, call: Callable[[], _T]) -> _T:
+    def install(self, producer: TwoPhaseCommitProducer) -> None:
+        """Hold ``producer`` (a recovery made it and settled the id with it)."""
+        self.producer = producer
+
+    def wrote(self, stored: str | None, token: str | None) -> None:
+        """The state row now holds ``stored`` under version ``token`` (``None``: not known, recover first)."""
+        self.last_state, self.token = stored, token
+
+    def mark_outbox(self, dirty: bool) -> None:
+        """Whether the outbox may hold rows of this id (the next transaction deletes them)."""
+        self.outbox_dirty = dirty
+
+    def doubt(self, state: PreparedTxnState) -> None:
+        """``state`` is committed in the database and not known committed in Kafka."""
+        self.in_doubt, self.in_doubt_since = state, time.monotonic()
+
+    def settled(self) -> None:
+        """Nothing is in doubt any more."""
+        self.in_doubt = self.in_doubt_since = None
+
+    def count_heuristic(self) -> None:
+        self.heuristics += 1
+
+    def abandon(self) -> None:
+        """Closed without the gate: a forked child's copy of a writer, whose state is the parent's."""
+        self.status = WriterState.CLOSED
+
+    def to(self, target: WriterState) -> None:
+        check_transition(self.tid, self.status, target)
+        self.status = target
+
+    def step(self, step: Step) -> None:
+        """Tell the writer's listeners that ``step`` is reached."""
+        self.listeners.fire_step(step)
+
+    def kafka(self, call: Callable[[], _T]) -> _T:
         """A producer call; an error that is not a kafka2pc one (librdkafka's binding can raise a bare
         ``SystemError`` from ``flush`` on a fenced producer) becomes :class:`~kafka2pc.FatalError`."""
         try:
@@ -105,28 +142,16 @@ class WriterCore:
         except Kafka2pcError:
             raise
         except Exception as exc:
-            raise FatalError(f"{self._tid!r}: the producer failed: {exc!r}") from exc
+            raise FatalError(f"{self.tid!r}: the producer failed: {exc!r}") from exc
 
-    # -- what the asyncio writer (recipes/dual_write/aio) answers differently -----------
-    def _new_producer(self) -> TwoPhaseCommitProducer:
+    def new_producer(self) -> TwoPhaseCommitProducer:
         """A new producer for this writer's transactional id (each recovery makes one)."""
-        from kafka2pc import TwoPhaseCommitProducer
+        return self.runtime.new_producer(self.config)
 
-        return TwoPhaseCommitProducer(self._config)
-
-    def _pause(self, seconds: float) -> None:
-        """Wait ``seconds`` between two attempts."""
-        time.sleep(seconds)
-
-    def _blocking(self, call: Callable[[], _T]) -> _T:
-        """Run a call that waits on the network but on neither the producer nor the database (a
-        recovery plan, a transaction's outcome read from the control plane)."""
-        return call()
-
-    def _produce(self, producer: TwoPhaseCommitProducer, topic: str, kwargs: dict[str, Any]) -> None:
+    def produce(self, producer: TwoPhaseCommitProducer, topic: str, kwargs: dict[str, Any]) -> None:
         """Produce one record; a full local queue is waited out for up to ``queue_full_timeout_s``."""
-        if topic not in self._topics.known:
-            self._topics.require(topic, self._tid)
+        if topic not in self.topics.known:
+            self.topics.require(topic, self.tid)
         deadline: float | None = None
         while True:
             try:
@@ -135,47 +160,47 @@ class WriterCore:
             except QueueFullError:
                 now = time.monotonic()
                 if deadline is None:
-                    deadline = now + self._queue_full_timeout_s
+                    deadline = now + self.queue_full_timeout_s
                 elif now > deadline:
                     raise
                 producer.poll(0.05)
             except Kafka2pcError:
                 raise
             except Exception as exc:  # as _kafka(): a bare error of the binding is fatal
-                raise FatalError(f"{self._tid!r}: the producer failed: {exc!r}") from exc
+                raise FatalError(f"{self.tid!r}: the producer failed: {exc!r}") from exc
 
-    def _parse(self, stored: str | None) -> PreparedTxnState:
-        return parse_stored_state(self._tid, self._table, stored, then=", then recover()")
+    def parse(self, stored: str | None) -> PreparedTxnState:
+        return parse_stored_state(self.tid, self.table, stored, then=", then recover()")
 
-    def _fenced_error(self, detail: str) -> ProducerFencedError:
-        if self._status is not WriterState.FENCED:
-            self._to(WriterState.FENCED)
+    def fenced_error(self, detail: str) -> ProducerFencedError:
+        if self.status is not WriterState.FENCED:
+            self.to(WriterState.FENCED)
         return ProducerFencedError(
-            f"{self._tid!r}: {detail}: another instance (or an operator's `kafka2pc recover`) took over the "
+            f"{self.tid!r}: {detail}: another instance (or an operator's `kafka2pc recover`) took over the "
             "transactional id; this transaction is rolled back on both sides and this writer stops "
             "(recover() takes over again)"
         )
 
-    def _taken_over_now(self) -> bool:
+    def taken_over_now(self) -> bool:
         """True when the state row no longer carries this writer's token (read in a new connection)."""
-        token = self._token
+        token = self.token
         if token is None:
             return False
         try:
-            with self._engine.connect() as conn:
-                return self._store.version(conn, self._tid) != token
+            with self.engine.connect() as conn:
+                return self.store.version(conn, self.tid) != token
         except sa.exc.SQLAlchemyError:
-            logger.debug("%s: cannot read the state row's version", self._tid, exc_info=True)
+            logger.debug("%s: cannot read the state row's version", self.tid, exc_info=True)
             return False
 
-    def _insert_outbox(self, conn: sa.Connection, state: PreparedTxnState, records: list[_Record]) -> None:
-        if self._outbox is None or not records:
+    def insert_outbox(self, conn: sa.Connection, state: PreparedTxnState, records: list[_Record]) -> None:
+        if self.outbox is None or not records:
             return
         conn.execute(
-            sa.insert(self._outbox),
+            sa.insert(self.outbox),
             [
                 {
-                    "transactional_id": self._tid,
+                    "transactional_id": self.tid,
                     "seq": i,
                     "prepared_txn_state": str(state),
                     "topic": r.topic,
@@ -188,7 +213,7 @@ class WriterCore:
             ],
         )
 
-    def _delete_outbox(self, conn: sa.Connection) -> None:
+    def delete_outbox(self, conn: sa.Connection) -> None:
         """Delete this id's outbox rows in ``conn``'s transaction (the caller records it once that commits)."""
-        if self._outbox is not None:
-            conn.execute(sa.delete(self._outbox).where(self._outbox.c.transactional_id == self._tid))
+        if self.outbox is not None:
+            conn.execute(sa.delete(self.outbox).where(self.outbox.c.transactional_id == self.tid))

@@ -76,7 +76,7 @@ class DualWriteTransaction:
         self._produced += 1
         kwargs: dict[str, Any] = {"value": value_b, "key": key_b}
         writer = self._writer
-        if writer._retain:
+        if writer.retain:
             record = _Record(topic, key_b, value_b, partition, header_list)
             self._records.append(record)  # copied to the outbox table after the prepare
 
@@ -95,9 +95,9 @@ class DualWriteTransaction:
             kwargs["headers"] = header_list
         if timestamp is not None:
             kwargs["timestamp"] = timestamp
-        writer._produce(self._producer, topic, kwargs)
-        if writer._on_step is not None or writer._step_observers:
-            writer._step(Step.PRODUCED)
+        writer.produce(self._producer, topic, kwargs)
+        if writer.listeners.active:
+            writer.step(Step.PRODUCED)
 
     def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
         """Commit consumer offsets with this transaction (exactly-once consume-transform-produce).

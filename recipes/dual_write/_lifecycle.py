@@ -7,7 +7,7 @@ from typing import Final
 
 from kafka2pc import IllegalStateError
 
-__all__ = ["WriterState", "check_transition"]
+__all__ = ["PoolState", "WriterState", "check_transition"]
 
 
 class WriterState(str, enum.Enum):
@@ -23,6 +23,18 @@ class WriterState(str, enum.Enum):
     """A failure left the outcome (or the row's token) open: the next transaction recovers first."""
     FENCED = "fenced"
     """Another instance took over the id; only an explicit :meth:`DualWriter.recover` takes it back."""
+    CLOSED = "closed"
+
+
+class PoolState(str, enum.Enum):
+    """Where a :class:`WriterPool` is in its life cycle."""
+
+    NEW = "new"
+    """Made, not started (``start=False``, or an asyncio pool before its first transaction)."""
+    STARTING = "starting"
+    """One caller records the pool's ids; the others wait for it."""
+    RUNNING = "running"
+    """Renewing its leases and scanning for orphans in the background."""
     CLOSED = "closed"
 
 

@@ -3,7 +3,8 @@
 Once the database committed the prepared state, the outcome is decided:
 recovery would commit the Kafka transaction if this process died now.  So
 the application need not wait for Kafka's EndTxn: :class:`CommitPipeline`
-runs it on a worker thread, on the producer of the slot that prepared it,
+runs it in the background (a worker thread, or a task of the loop: the
+pool's runtime decides), on the producer of the slot that prepared it,
 while the application's next transaction runs on another slot.
 
 Order per partition is kept: a later transaction of the same thread begins
@@ -20,29 +21,25 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._runtime import Event, Runtime
 
 __all__ = ["CommitPipeline", "InFlightCommit"]
 
 logger = logging.getLogger("kafka2pc.recipes.dual_write._pool")
 
 
-class _Event(Protocol):
-    def is_set(self) -> bool: ...
-    def set(self) -> None: ...
-    def wait(self, timeout: float | None = None) -> bool: ...
-
-
 class InFlightCommit:
     """One background Kafka commit: wait for it, and learn its error."""
 
-    def __init__(self, transactional_id: str, done: _Event | None = None) -> None:
+    def __init__(self, transactional_id: str, done: Event | None = None) -> None:
         self.transactional_id = transactional_id
         self.started = time.monotonic()
         self.finished: float | None = None
         self.error: BaseException | None = None
-        self._done: _Event = done if done is not None else threading.Event()
+        self._done: Event = done if done is not None else threading.Event()
 
     @property
     def done(self) -> bool:
@@ -60,9 +57,10 @@ class InFlightCommit:
 class CommitPipeline:
     """At most ``max_in_flight`` background commits; the next :meth:`submit` waits for a free place."""
 
-    def __init__(self, max_in_flight: int, slow_commit_s: float) -> None:
-        self._places = threading.BoundedSemaphore(max_in_flight)
-        self._executor: ThreadPoolExecutor | None = ThreadPoolExecutor(max_in_flight, thread_name_prefix="k2pc-commit")
+    def __init__(self, runtime: Runtime, max_in_flight: int, slow_commit_s: float) -> None:
+        self._runtime = runtime
+        self._places = runtime.semaphore(max_in_flight)
+        self._workers = runtime.workers(max_in_flight, "k2pc-commit")
         self._slow_s = slow_commit_s
         self._lock = threading.Lock()
         self._in_flight: list[InFlightCommit] = []
@@ -83,25 +81,15 @@ class CommitPipeline:
     def submit(self, transactional_id: str, commit: Callable[[], None], on_done: Callable[[], None]) -> InFlightCommit:
         """Run ``commit`` in the background, then ``on_done`` (whatever happened)."""
         self._places.acquire()
-        item = InFlightCommit(transactional_id, self._new_event())
+        item = InFlightCommit(transactional_id, self._runtime.event())
         with self._lock:
             self._in_flight.append(item)
         try:
-            self._spawn(lambda: self._run(item, commit, on_done))
+            self._workers.spawn(lambda: self._run(item, commit, on_done))
         except BaseException:
             self._finish(item)
             raise
         return item
-
-    # -- what the asyncio pool's pipeline answers differently (recipes/dual_write/aio) --
-    def _new_event(self) -> _Event | None:
-        """The event an :class:`InFlightCommit` sets when done (``None``: a :class:`threading.Event`)."""
-        return None
-
-    def _spawn(self, run: Callable[[], None]) -> None:
-        """Run ``run`` in the background (a worker thread)."""
-        assert self._executor is not None
-        self._executor.submit(run)
 
     def _run(self, item: InFlightCommit, commit: Callable[[], None], on_done: Callable[[], None]) -> None:
         try:
@@ -154,6 +142,5 @@ class CommitPipeline:
             logger.debug("draining: a background commit had failed: %s", exc)
 
     def close(self) -> None:
-        """Stop the worker threads (after :meth:`drain`)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+        """Stop the workers (after :meth:`drain`)."""
+        self._workers.close()

@@ -20,35 +20,51 @@ import logging
 import os
 import random
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 
 from kafka2pc import DEFAULT_CLOSE_TIMEOUT_S, IllegalStateError, UsageError
 from kafka2pc._deprecation import seconds_from_ms
 
+from ._events import EVENTS, Listeners, StepListener
 from ._handle import DualWriteTransaction
 from ._lease import Lease, LeaseBook
 from ._lease import define_lease_table as _make_lease_table
-from ._orphans import OrphanSettling, _Admins
+from ._lifecycle import PoolState
+from ._options import (
+    DEFAULT_ACQUIRE_TIMEOUT_S,
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_SLOTS,
+    DEFAULT_SETTLE_PARALLELISM,
+    DEFAULT_SLOW_COMMIT_S,
+    MAX_POOL_LOCK_TIMEOUT_S,
+    WriterOptions,
+    options_from,
+    pool_option_problems,
+    raise_first,
+)
+from ._orphans import OrphanScanner
 from ._pipeline import CommitPipeline, InFlightCommit
+from ._runtime import THREADS, fork_lock, forks_seen, keep_inherited
 from ._schema import create_state_table
 from ._schema import define_state_table as _make_state_table
-from ._slots import PoolExhaustedError, _Counters, _Slot
+from ._slots import PoolExhaustedError, SlotKeeper
 from ._values import DualWriteMetrics, RecoveryResult, StepHook
+from ._writer import DualWriter, writer_on
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ._bind import Bind
+    from ._runtime import Background, Runtime
 
-__all__ = ["PoolExhaustedError", "PoolMetrics", "WriterPool"]
+__all__ = ["PoolExhaustedError", "PoolMetrics", "PoolShape", "PoolState", "WriterPool", "pool_on"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +100,36 @@ class PoolMetrics:
 
 
 def _default_owner() -> str:
-    return f"{socket.gethostname()[:120]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    return f"{socket.gethostname()[:120]}:{_child_suffix()}"
 
 
-class WriterPool(OrphanSettling):
+def _child_suffix() -> str:
+    """``<pid>:<random>``: drawn anew in each process, so two children of one parent never share an owner."""
+    return f"{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """A pool's own arguments (the writers' are a :class:`WriterOptions`), as given (checked by ``_setup``)."""
+
+    prefix: str
+    size: int
+    max_slots: int | None = None
+    lease_s: float = DEFAULT_LEASE_S
+    scan_every_s: float | None = None
+    acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S
+    settle_parallelism: int = DEFAULT_SETTLE_PARALLELISM
+    pipelined: bool = False
+    max_in_flight: int | None = None
+    slow_commit_s: float = DEFAULT_SLOW_COMMIT_S
+    owner: str | None = None
+
+    def keywords(self) -> dict[str, Any]:
+        """The checked arguments by name (for :func:`pool_option_problems`)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("prefix", "size")}
+
+
+class WriterPool:
     """Dual writers for many instances sharing one database, with transactional ids from a leased set.
 
     ``prefix`` names the pool: its ids are ``<prefix>-0`` .. ``<prefix>-<size-1>``,
@@ -139,13 +181,13 @@ class WriterPool(OrphanSettling):
         prefix: str,
         size: int,
         max_slots: int | None = None,
-        lease_s: float = 15.0,
+        lease_s: float = DEFAULT_LEASE_S,
         scan_every_s: float | None = None,
-        acquire_timeout_s: float = 30.0,
-        settle_parallelism: int = 8,
+        acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
+        settle_parallelism: int = DEFAULT_SETTLE_PARALLELISM,
         pipelined: bool = False,
         max_in_flight: int | None = None,
-        slow_commit_s: float = 1.0,
+        slow_commit_s: float = DEFAULT_SLOW_COMMIT_S,
         state_table: sa.Table | None = None,
         lease_table: sa.Table | None = None,
         owner: str | None = None,
@@ -155,61 +197,102 @@ class WriterPool(OrphanSettling):
         on_step: StepHook | None = None,
         start: bool = True,
         lock_timeout_ms: int | None = None,
+        options: WriterOptions | None = None,
     ) -> None:
-        """As the class documents; ``lock_timeout_ms`` is the deprecated spelling of ``lock_timeout_s``."""
+        """As the class documents; ``lock_timeout_ms`` is the deprecated spelling of ``lock_timeout_s``;
+        ``options`` gives the writers' settings as one value (instead of their keywords)."""
         lock_timeout_s = seconds_from_ms(type(self).__name__, "lock_timeout_ms", lock_timeout_ms,
                                          "lock_timeout_s", lock_timeout_s)
+        options = options_from(options, retain_records=retain_records, lock_timeout_s=lock_timeout_s,
+                               kafka_timeout_s=kafka_timeout_s, on_step=on_step)
+        self._setup(THREADS, engine, producer_config, PoolShape(
+            prefix, size, max_slots, lease_s, scan_every_s, acquire_timeout_s, settle_parallelism, pipelined,
+            max_in_flight, slow_commit_s, owner), options, state_table, lease_table)
+        if start:
+            self.start()
+
+    def _setup(
+        self, runtime: Runtime, engine: sa.Engine, producer_config: Mapping[str, Any], shape: PoolShape,
+        options: WriterOptions, state_table: sa.Table | None, lease_table: sa.Table | None,
+    ) -> None:
         if "transactional.id" in producer_config:
             raise UsageError("a WriterPool leases its transactional ids: remove 'transactional.id' from the config")
-        if not isinstance(prefix, str) or not prefix or len(prefix) + 1 + len(str(max(size, 1) - 1)) > 255:
+        prefix, size = shape.prefix, shape.size
+        if not isinstance(prefix, str) or not prefix or (
+                isinstance(size, int) and len(prefix) + 1 + len(str(max(size, 1) - 1)) > 255):
             raise UsageError("prefix must be a non-empty string; '<prefix>-<n>' must fit VARCHAR(255)")
-        if size < 1:
-            raise UsageError("size (the number of transactional ids of the pool) must be at least 1")
-        if max_slots is None:
-            max_slots = min(size, 8)
-        if not 1 <= max_slots <= size:
-            raise UsageError(f"max_slots must be between 1 and size ({size}), not {max_slots}")
-        if lease_s <= 0 or (scan_every_s is not None and scan_every_s <= 0) or acquire_timeout_s < 0:
-            raise UsageError("lease_s and scan_every_s must be positive, acquire_timeout_s not negative")
-        if settle_parallelism < 1:
-            raise UsageError("settle_parallelism must be at least 1")
-        if max_in_flight is not None and max_in_flight < 1:
-            raise UsageError("max_in_flight must be at least 1")
+        raise_first(pool_option_problems(size, shape.keywords()))
+        self._runtime = runtime
         self._engine = engine
         self._config = dict(producer_config)
-        self._prefix = prefix
-        self._size = size
-        self._max_slots = max_slots
-        self._lease_s = float(lease_s)
-        self._scan_every_s = float(scan_every_s) if scan_every_s is not None else self._lease_s / 3
-        self._acquire_timeout_s = acquire_timeout_s
-        self._settle_parallelism = settle_parallelism
+        self._shape = shape
+        self._lease_s = float(shape.lease_s)
+        self._max_slots = shape.max_slots if shape.max_slots is not None else min(size, DEFAULT_MAX_SLOTS)
+        if options.lock_timeout_s is None:  # a recovery never waits on a paused instance's row lock longer
+            options = dataclasses.replace(options, lock_timeout_s=min(self._lease_s, MAX_POOL_LOCK_TIMEOUT_S))
+        self._options = options
+        self._listeners = Listeners()
+        """The pool's own listeners, fired by every writer of the pool before the writer's own."""
         metadata = sa.MetaData()
         self._state_table = state_table if state_table is not None else _make_state_table(metadata)
         self._lease_table = lease_table if lease_table is not None else _make_lease_table(metadata)
-        self._owner = owner or _default_owner()
-        self._writer_options: dict[str, Any] = {
-            "retain_records": retain_records,
-            "lock_timeout_s": lock_timeout_s if lock_timeout_s is not None else min(self._lease_s, 10.0),
-            "kafka_timeout_s": kafka_timeout_s,
-            "on_step": on_step,
-        }
-        self._step_observers = []
-        self._book = LeaseBook(engine, self._lease_table, prefix, self._owner, self._lease_s)
-        self._cond = self._new_condition()
-        self._slots: list[_Slot] = []
-        self._acquiring = 0
-        self._counters = _Counters()
-        self._renewed_at = time.monotonic()
-        self._random = random.Random()  # seeded from os.urandom
-        self._stop = self._new_event()
-        self._threads: list[threading.Thread] = []
-        self._started = False
-        self._closed = False
-        self._pipeline = self._new_pipeline(
-            max_in_flight if max_in_flight is not None else max_slots, slow_commit_s
-        ) if pipelined else None
-        if start:
+        self._given_owner = shape.owner
+        self._random = random.Random()  # seeded from os.urandom: the application's stream is not drawn from
+        self._build(shape.owner or _default_owner())
+
+    def _build(self, owner: str) -> None:
+        """Make what a process owns alone: the lease book under ``owner``, the slots, the orphan scan, the
+        pipelined commit, the stop signal and the state (again in a forked child, see :meth:`_check_process`)."""
+        shape = self._shape
+        self._owner = owner
+        self._forks = forks_seen()
+        self._state = PoolState.NEW
+        self._state_changed = self._runtime.condition()
+        book = LeaseBook(self._engine, self._lease_table, shape.prefix, owner, self._lease_s)
+        self._keeper = SlotKeeper(
+            book, self._runtime, self._new_writer, prefix=shape.prefix, size=shape.size, max_slots=self._max_slots,
+            lease_s=self._lease_s, acquire_timeout_s=shape.acquire_timeout_s,
+            rng=self._random,
+        )
+        self._scanner = OrphanScanner(
+            self._keeper, self._runtime, self._engine, self._state_table, self._config, self._options,
+            prefix=shape.prefix, settle_parallelism=shape.settle_parallelism,
+            scan_every_s=float(shape.scan_every_s) if shape.scan_every_s is not None else self._lease_s / 3,
+            rng=self._random,
+        )
+        self._stop = self._runtime.event()
+        self._background: Background | None = None
+        self._pipeline = CommitPipeline(
+            self._runtime, shape.max_in_flight if shape.max_in_flight is not None else self._max_slots,
+            shape.slow_commit_s,
+        ) if shape.pipelined else None
+
+    def _new_writer(self, tid: str) -> DualWriter:
+        return writer_on(self._runtime, self._engine, {**self._config, "transactional.id": tid}, self._options,
+                         state_table=self._state_table,
+                         listeners=Listeners(self._options.on_step, parent=self._listeners))
+
+    def _check_process(self) -> None:
+        """In a forked child, on first use: remake what does not cross a fork (see the class docstring)."""
+        if self._forks == forks_seen():
+            return
+        with fork_lock():
+            if self._forks == forks_seen():
+                return
+            parent, was = self._owner, self._state
+            keep_inherited(self._keeper, self._scanner, self._pipeline, self._background, self._stop)
+            self._random.seed()  # from os.urandom: two children do not draw the parent's next shuffles alike
+            # SQLAlchemy's documented step for an engine inherited through fork(): forget the parent's pooled
+            # connections without closing them (the parent still uses them).
+            self._engine.dispose(close=False)
+            self._build(f"{self._given_owner[:200]}/{_child_suffix()}" if self._given_owner else _default_owner())
+            if was is PoolState.CLOSED:
+                self._state = PoolState.CLOSED
+            logger.warning("pool %r: used in a forked child (pid %d) of its maker: its slots, producers and "
+                           "background work stay the parent's; this process leases under owner %r (was %r)",
+                           self._shape.prefix, os.getpid(), self._owner, parent)
+            restart = was in (PoolState.STARTING, PoolState.RUNNING)
+        if restart:
             self.start()
 
     # -- introspection ---------------------------------------------------------------
@@ -221,7 +304,7 @@ class WriterPool(OrphanSettling):
     @property
     def prefix(self) -> str:
         """The pool's name: its ids are ``<prefix>-0`` .. ``<prefix>-<size-1>``."""
-        return self._prefix
+        return self._shape.prefix
 
     @property
     def owner(self) -> str:
@@ -229,15 +312,24 @@ class WriterPool(OrphanSettling):
         return self._owner
 
     @property
+    def state(self) -> PoolState:
+        """Where the pool is in its life cycle: new, starting, running or closed."""
+        return self._state
+
+    @property
+    def options(self) -> WriterOptions:
+        """How the pool's writers run (``lock_timeout_s`` filled in with the pool's default)."""
+        return self._options
+
+    @property
     def transactional_ids(self) -> list[str]:
         """Every id of the pool (all instances)."""
-        return self._book.ids(self._size)
+        return self._keeper.book.ids(self._shape.size)
 
     @property
     def held_ids(self) -> list[str]:
         """The ids this instance holds now (its slots)."""
-        with self._cond:
-            return sorted(s.tid for s in self._slots if not s.lost)
+        return self._keeper.held_ids()
 
     @property
     def lease_table(self) -> sa.Table:
@@ -251,7 +343,7 @@ class WriterPool(OrphanSettling):
 
     def leases(self) -> list[Lease]:
         """Every lease of the pool as the database has it (one query)."""
-        return self._book.read()
+        return self._keeper.book.read()
 
     def create_tables(self) -> None:
         """Create the state and lease tables if missing: a convenience for scripts and tests."""
@@ -260,38 +352,80 @@ class WriterPool(OrphanSettling):
 
     def metrics(self) -> PoolMetrics:
         """A snapshot of the pool (no I/O; safe from any thread)."""
-        with self._cond:
-            slots = list(self._slots)
-            retired = list(self._counters.retired)
+        keeper, scanner = self._keeper, self._scanner
+        with keeper.cond:
+            slots = list(keeper.slots)
+            retired = list(keeper.retired)
         pipeline = self._pipeline
         writers = DualWriteMetrics.aggregate([s.writer.metrics() for s in slots] + retired)
         return PoolMetrics(
             transactions=dataclasses.replace(
-                writers, heuristic_outcomes=writers.heuristic_outcomes + self._counters.heuristics
+                writers, heuristic_outcomes=writers.heuristic_outcomes + scanner.heuristics
             ),
             leases_held=sum(not s.lost for s in slots),
             slots_busy=sum(s.busy for s in slots),
-            orphans_settled=self._counters.orphans_settled,
-            orphan_recovery_errors=self._counters.orphan_errors,
-            leases_lost=self._counters.leases_lost,
+            orphans_settled=keeper.orphans_taken + scanner.orphans_settled,
+            orphan_recovery_errors=scanner.orphan_errors,
+            leases_lost=keeper.leases_lost,
             commits_in_flight=pipeline.in_flight if pipeline else 0,
             oldest_commit_in_flight_age_s=pipeline.oldest_age_s() if pipeline else None,
             slow_commits=pipeline.slow_commits if pipeline else 0,
         )
+
+    # -- events ----------------------------------------------------------------------
+    events: ClassVar[frozenset[str]] = EVENTS
+    """The events listeners may attach to (see :meth:`add_listener`)."""
+
+    def add_listener(self, event: str, fn: StepListener) -> None:
+        """Call ``fn(writer, step)`` at every :class:`Step` any writer of this pool reaches (``event="step"``).
+
+        ``writer`` is the slot's :class:`DualWriter`.  As
+        :meth:`DualWriter.add_listener`; the pool's listeners run before
+        ``on_step``, in the thread (or task) running the step.
+
+        Example::
+
+            pool.add_listener("step", lambda writer, step: print(writer.transactional_id, step.value))
+        """
+        self._listeners.add(event, fn)
+
+    def remove_listener(self, event: str, fn: StepListener) -> None:
+        """Detach a listener :meth:`add_listener` attached (:class:`~kafka2pc.UsageError` if it was not)."""
+        self._listeners.remove(event, fn)
 
     # -- life cycle ------------------------------------------------------------------
     def start(self) -> None:
         """Record the pool's ids (the missing ones), then start renewing leases and settling orphans.
 
         Called by the constructor unless ``start=False``.  The first orphan
-        scan runs at once, in the background.
+        scan runs at once, in the background.  One-shot: callers racing to
+        start the pool wait for the one that starts it (one set of background
+        threads), and a start that failed may be tried again.  A no-op once
+        the pool is closed.
         """
-        if self._started:
-            return
-        self._book.ensure(self._size)
-        self._started = True
-        self._renewed_at = time.monotonic()
-        self._start_background()
+        self._check_process()
+        with self._state_changed:
+            while self._state is PoolState.STARTING:
+                self._state_changed.wait()
+            if self._state is not PoolState.NEW:
+                return
+            self._state = PoolState.STARTING
+        try:
+            self._keeper.book.ensure(self._shape.size)
+            with self._state_changed:
+                if self._state is PoolState.STARTING:
+                    self._state = PoolState.RUNNING
+                    self._keeper.renewed_now()
+                    keeper, scanner, stop, prefix = self._keeper, self._scanner, self._stop, self._shape.prefix
+                    self._background = self._runtime.background([
+                        (f"k2pc-pool-renew-{prefix}", lambda: keeper.renew_loop(stop)),
+                        (f"k2pc-pool-orphans-{prefix}", lambda: scanner.scan_loop(stop)),
+                    ])
+        finally:
+            with self._state_changed:
+                if self._state is PoolState.STARTING:  # ensure() failed: the next call tries again
+                    self._state = PoolState.NEW
+                self._state_changed.notify_all()
 
     def close(self, timeout: float | None = None) -> None:
         """Drain the pipelined commits, then give the leases back.
@@ -306,22 +440,22 @@ class WriterPool(OrphanSettling):
             timeout = DEFAULT_CLOSE_TIMEOUT_S
         elif timeout < 0:
             raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
-        if self._closed:
-            return
-        self._closed = True
+        self._check_process()
+        with self._state_changed:
+            if self._state is PoolState.CLOSED:
+                return
+            self._state = PoolState.CLOSED
+            self._state_changed.notify_all()
         self._stop.set()
         if self._pipeline is not None:
             self._pipeline.drain(timeout)
         deadline = time.monotonic() + timeout
-        with self._cond:
-            while any(s.busy for s in self._slots) and time.monotonic() < deadline:
-                self._cond.wait(max(0.0, deadline - time.monotonic()))
-            slots, self._slots = self._slots, []
-            self._cond.notify_all()
-        self._join_background(deadline)
+        slots = self._keeper.close(deadline)
+        if self._background is not None:
+            self._background.join(deadline)
         if self._pipeline is not None:
             self._pipeline.close()
-        self._retire(slots)
+        self._keeper.retire(slots)
 
     def __enter__(self) -> Self:
         return self
@@ -349,10 +483,13 @@ class WriterPool(OrphanSettling):
         ``read_committed`` consumers a moment later; ``wait_visible=True`` (or
         :meth:`wait_visible`) waits for that.
         """
-        if self._closed:
-            raise IllegalStateError(f"pool {self._prefix!r} is closed")
-        ready_by = time.monotonic() + self._acquire_timeout_s if self._acquire_timeout_s > 0 else None
-        slot = self._take(ready_by)
+        self._check_process()
+        if self._state is PoolState.CLOSED:
+            raise IllegalStateError(f"pool {self._shape.prefix!r} is closed")
+        acquire_timeout_s = self._shape.acquire_timeout_s
+        ready_by = time.monotonic() + acquire_timeout_s if acquire_timeout_s > 0 else None
+        keeper = self._keeper
+        slot = keeper.take(ready_by)
         handed_off: InFlightCommit | None = None
         try:
             if self._pipeline is None:
@@ -363,13 +500,13 @@ class WriterPool(OrphanSettling):
 
                 def defer(commit: Callable[[], None]) -> None:
                     nonlocal handed_off
-                    handed_off = pipeline.submit(slot.tid, commit, lambda: self._give_back(slot))
+                    handed_off = pipeline.submit(slot.tid, commit, lambda: keeper.give_back(slot))
 
                 with slot.writer._transaction_deferred(bind, defer, ready_by=ready_by) as tx:
                     yield tx
         finally:
             if handed_off is None:
-                self._give_back(slot)
+                keeper.give_back(slot)
         if handed_off is not None and wait_visible:
             handed_off.wait()
 
@@ -382,6 +519,7 @@ class WriterPool(OrphanSettling):
         the recovery of that id will commit Kafka; do not redo it), and
         :class:`TimeoutError` after ``timeout``.
         """
+        self._check_process()
         if self._pipeline is not None:
             self._pipeline.wait_all(timeout)
 
@@ -397,42 +535,15 @@ class WriterPool(OrphanSettling):
         otherwise.  A recovery that fails (``result.error``) leaves the lease
         expired, for the next scan.
         """
-        leases = self._book.candidates(limit=100_000, expired_only=True)
-        if not leases or self._closed:
-            return []
-        self._random.shuffle(leases)  # instances scanning at once start on different ids
-        admins = self._new_admins()
-        try:
-            found = self._settle_each(leases, admins)
-        finally:
-            admins.close()
-        return [r for r in found if r is not None]
+        self._check_process()
+        return self._scanner.settle_orphans()
 
-    # -- what the asyncio pool (recipes/dual_write/aio) answers differently ---------------
-    def _new_pipeline(self, max_in_flight: int, slow_commit_s: float) -> CommitPipeline:
-        """The pipelined commit's runner (worker threads)."""
-        return CommitPipeline(max_in_flight, slow_commit_s)
 
-    def _new_condition(self) -> threading.Condition:
-        """The condition guarding the slots (held only for in-memory work; waited on for a free slot)."""
-        return threading.Condition()
-
-    def _new_event(self) -> threading.Event:
-        """The stop signal of the background loops (their pause between two rounds is its ``wait``)."""
-        return threading.Event()
-
-    def _new_admins(self) -> _Admins:
-        """The admins one orphan scan settles ids through (closed at the end of the scan)."""
-        return _Admins(self._config)
-
-    def _start_background(self) -> None:
-        """Start :meth:`_renew_loop` and :meth:`_orphan_loop` (a thread each)."""
-        for name, loop in (("renew", self._renew_loop), ("orphans", self._orphan_loop)):
-            thread = threading.Thread(target=loop, name=f"k2pc-pool-{name}-{self._prefix}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def _join_background(self, deadline: float) -> None:
-        """Wait (until ``deadline``, a ``time.monotonic()`` value) for the background loops to end."""
-        for thread in self._threads:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+def pool_on(
+    runtime: Runtime, engine: sa.Engine, producer_config: Mapping[str, Any], shape: PoolShape,
+    options: WriterOptions, *, state_table: sa.Table | None = None, lease_table: sa.Table | None = None,
+) -> WriterPool:
+    """A :class:`WriterPool` that waits through ``runtime``, not started (how the asyncio twin makes its own)."""
+    pool = WriterPool.__new__(WriterPool)
+    pool._setup(runtime, engine, producer_config, shape, options, state_table, lease_table)
+    return pool

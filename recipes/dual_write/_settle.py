@@ -18,69 +18,77 @@ from kafka2pc import (
 )
 
 from ._bind import Bound
+from ._core import WriterCore
 from ._lifecycle import WriterState
-from ._recovery import Recovering, seconds_left
+from ._recovery import Recovery, seconds_left
 
 if TYPE_CHECKING:
     from kafka2pc import TwoPhaseCommitProducer
 
-__all__ = ["Settling"]
+__all__ = ["Settler"]
 
 logger = logging.getLogger("kafka2pc.recipes.dual_write._writer")
 
 _SETTLE_LOCK_TIMEOUT_S: Final = 30.0
 
 
-class Settling(Recovering):
-    """Settles a transaction whose database COMMIT raised, or whose Kafka commit failed."""
+class Settler:
+    """Settles a transaction whose database COMMIT raised, or whose Kafka commit failed (through the
+    writer's :class:`Recovery` when it must)."""
 
-    def _settle_unknown_db_commit(
+    def __init__(self, core: WriterCore, recovery: Recovery) -> None:
+        self._core = core
+        self._recovery = recovery
+
+    def settle_unknown_db_commit(
         self, bound: Bound, producer: TwoPhaseCommitProducer, state: PreparedTxnState, cause: BaseException
     ) -> bool:
         """COMMIT raised: read what the database decided and complete Kafka accordingly; True if committed."""
+        core = self._core
         try:
             bound.rollback()  # no-op if the commit went through; releases a still-open transaction
         except sa.exc.SQLAlchemyError:
-            logger.debug("%s: rollback after the failed COMMIT failed too (dead connection)", self._tid)
+            logger.debug("%s: rollback after the failed COMMIT failed too (dead connection)", core.tid)
         # The row's new token is not known for sure: the next transaction recovers (and claims) first.
-        self._to(WriterState.NEEDS_RECOVERY)
+        core.to(WriterState.NEEDS_RECOVERY)
         try:
-            with self._engine.connect() as conn, conn.begin():
-                stored = self._store.read_settled(conn, self._tid, lock_timeout_s=_SETTLE_LOCK_TIMEOUT_S)
+            with core.engine.connect() as conn, conn.begin():
+                stored = core.store.read_settled(conn, core.tid, lock_timeout_s=_SETTLE_LOCK_TIMEOUT_S)
         except sa.exc.SQLAlchemyError as read_exc:
-            self._in_doubt, self._in_doubt_since = state, time.monotonic()
+            core.doubt(state)
             logger.error(
                 "%s: the database COMMIT failed (%r) and the stored state cannot be read (%r): Kafka "
-                "transaction %s stays prepared until recover()", self._tid, cause, read_exc, state,
+                "transaction %s stays prepared until recover()", core.tid, cause, read_exc, state,
             )
             raise IndefiniteOutcomeError(
-                f"{self._tid!r}: outcome of the database COMMIT unknown ({cause!r}) and the state row cannot be "
+                f"{core.tid!r}: outcome of the database COMMIT unknown ({cause!r}) and the state row cannot be "
                 f"read ({read_exc!r}); the Kafka transaction {state} stays prepared: call recover()",
                 state=state,
             ) from cause
         committed = stored == str(state)
         logger.warning(
             "%s: the database COMMIT raised %r; the state row says it %s: %s the Kafka transaction",
-            self._tid, cause, "committed" if committed else "rolled back", "committing" if committed else "aborting",
+            core.tid, cause, "committed" if committed else "rolled back", "committing" if committed else "aborting",
         )
         if committed:
-            self._last_state = stored
-            self._outbox_dirty = self._retain
-        deadline = self._kafka_deadline()
+            core.wrote(stored, core.token)
+            core.mark_outbox(core.retain)
+        deadline = self.kafka_deadline()
         try:
-            self._kafka(lambda: producer.complete_transaction(self._parse(stored), seconds_left(deadline)))
+            core.kafka(lambda: producer.complete_transaction(core.parse(stored), seconds_left(deadline)))
         except Kafka2pcError as exc:
             if committed:
-                self._after_kafka_commit_failure(producer, state, exc, deadline)
+                self.after_kafka_commit_failure(producer, state, exc, deadline)
             else:
-                logger.warning("%s: abort after a rolled-back COMMIT failed (%s)", self._tid, exc)
+                logger.warning("%s: abort after a rolled-back COMMIT failed (%s)", core.tid, exc)
         return committed
 
-    def _kafka_deadline(self) -> float | None:
+    def kafka_deadline(self) -> float | None:
         """When the Kafka commit starting now, and any settlement after it, must end (``kafka_timeout_s``)."""
-        return None if self._kafka_timeout_s is None else time.monotonic() + self._kafka_timeout_s
+        core = self._core
+        return None if core.kafka_timeout_s is None else time.monotonic() + core.kafka_timeout_s
 
-    def _after_kafka_commit_failure(
+    def after_kafka_commit_failure(
         self, producer: TwoPhaseCommitProducer, state: PreparedTxnState, cause: Kafka2pcError,
         deadline: float | None = None,
     ) -> None:
@@ -91,50 +99,52 @@ class Settling(Recovering):
         doubt, prepared in Kafka and committed in the database, for the next
         recovery to commit.
         """
-        self._in_doubt, self._in_doubt_since = state, time.monotonic()
-        if isinstance(cause, ProducerFencedError) or self._taken_over_now():
+        core = self._core
+        core.doubt(state)
+        if isinstance(cause, ProducerFencedError) or core.taken_over_now():
             # Another instance recovered this id: it read our state from the database and
             # settled our transaction.  Only look (recovering would fence it in turn).
             from kafka2pc import TransactionAdmin, TransactionOutcome
 
-            self._to(WriterState.FENCED)
-            admin = TransactionAdmin(self._config, control_plane=producer.control_plane)
-            outcome = self._blocking(lambda: admin.transaction_outcome(self._tid, state, settled=True,
+            core.to(WriterState.FENCED)
+            admin = TransactionAdmin(core.config, control_plane=producer.control_plane)
+            outcome = core.runtime.blocking(lambda: admin.transaction_outcome(core.tid, state, settled=True,
                                                                          timeout=seconds_left(deadline)))
             if outcome is TransactionOutcome.COMMITTED:
-                logger.warning("%s: fenced during commit; the new owner committed %s", self._tid, state)
-                self._in_doubt = self._in_doubt_since = None
+                logger.warning("%s: fenced during commit; the new owner committed %s", core.tid, state)
+                core.settled()
                 return
             if outcome is TransactionOutcome.ABORTED:
-                self._heuristics += 1
+                core.count_heuristic()
                 raise HeuristicOutcomeError(
-                    f"{self._tid!r}: the database committed {state} but Kafka aborted it, and another instance "
+                    f"{core.tid!r}: the database committed {state} but Kafka aborted it, and another instance "
                     "owns the id now (its recover() re-publishes retained records)",
-                    transactional_id=self._tid, state=state, outcome="aborted",
+                    transactional_id=core.tid, state=state, outcome="aborted",
                 ) from cause
             raise IndefiniteOutcomeError(
-                f"{self._tid!r}: fenced while committing {state}; its outcome is {outcome.value}", state=state
+                f"{core.tid!r}: fenced while committing {state}; its outcome is {outcome.value}", state=state
             ) from cause
         if deadline is not None and time.monotonic() >= deadline:
-            if self._status is not WriterState.NEEDS_RECOVERY:
-                self._to(WriterState.NEEDS_RECOVERY)
+            if core.status is not WriterState.NEEDS_RECOVERY:
+                core.to(WriterState.NEEDS_RECOVERY)
             logger.warning("%s: Kafka commit of %s failed (%s) and kafka_timeout_s=%g is spent: left in doubt",
-                           self._tid, state, cause, self._kafka_timeout_s)
+                           core.tid, state, cause, core.kafka_timeout_s)
             raise IndefiniteOutcomeError(self._in_doubt_message(state, cause, None), state=state) from cause
-        logger.warning("%s: Kafka commit of %s failed (%s): settling through recovery", self._tid, state, cause)
+        logger.warning("%s: Kafka commit of %s failed (%s): settling through recovery", core.tid, state, cause)
         try:
-            self._recover(raise_on_heuristic=True, acknowledge=False, deadline=deadline)
+            self._recovery.recover(raise_on_heuristic=True, acknowledge=False, deadline=deadline)
         except HeuristicOutcomeError:
             raise
         except Kafka2pcError as exc:
             raise IndefiniteOutcomeError(self._in_doubt_message(state, cause, exc), state=state) from exc
 
     def _in_doubt_message(self, state: PreparedTxnState, cause: Kafka2pcError, settling: Kafka2pcError | None) -> str:
-        within = f" within kafka_timeout_s={self._kafka_timeout_s:g} s" if self._kafka_timeout_s is not None else ""
+        core = self._core
+        within = f" within kafka_timeout_s={core.kafka_timeout_s:g} s" if core.kafka_timeout_s is not None else ""
         tried = (f" and could not be settled{within} ({settling})" if settling is not None
                  else f", and no time was left{within} to settle it")
         return (
-            f"{self._tid!r}: the database committed {state} but the Kafka commit failed ({cause}){tried}. The "
+            f"{core.tid!r}: the database committed {state} but the Kafka commit failed ({cause}){tried}. The "
             "transaction is not lost: it stays in doubt (prepared in Kafka, committed in the database) and "
             "recover() -- or this writer's next transaction, which recovers first -- commits it: do not redo "
             "the transaction"

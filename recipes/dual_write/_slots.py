@@ -1,8 +1,8 @@
 """Lease keeping: this instance's slots (a leased transactional id, its writer), taken, given back and renewed.
 
 A *slot* is an id this instance holds a lease on (:mod:`._lease`) and the
-:class:`DualWriter` that runs transactions under it.  :class:`SlotKeeping`,
-a base of :class:`WriterPool`, hands out a free slot (leasing and recovering a
+:class:`DualWriter` that runs transactions under it.  :class:`SlotKeeper`,
+an object the :class:`WriterPool` holds, hands out a free slot (leasing and recovering a
 new id when every slot is busy), takes it back (dropping it when its writer was
 fenced), renews the leases and drops the slots whose lease another instance
 took.
@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
@@ -24,10 +23,13 @@ from kafka2pc import IllegalStateError, Kafka2pcError
 
 from ._lease import LeaseBook
 from ._lifecycle import WriterState
-from ._values import DualWriteMetrics, Step
-from ._writer import DualWriter
+from ._values import DualWriteMetrics
 
-__all__ = ["PoolExhaustedError", "SlotKeeping"]
+if TYPE_CHECKING:
+    from ._runtime import Event, Runtime
+    from ._writer import DualWriter
+
+__all__ = ["PoolExhaustedError", "SlotKeeper"]
 
 logger = logging.getLogger("kafka2pc.recipes.dual_write._pool")  # one logger name for the pool's modules
 
@@ -55,65 +57,104 @@ class _Slot:
         return self.writer.transactional_id
 
 
-@dataclass
-class _Counters:
-    orphans_settled: int = 0
-    orphan_errors: int = 0
-    heuristics: int = 0
-    leases_lost: int = 0
-    retired: list[DualWriteMetrics] = field(default_factory=list)
+class SlotKeeper:
+    """This instance's slots and the leases under them: taken, given back, renewed, dropped when lost.
 
+    Owns the slots, the count of slots being leased now and the condition
+    guarding both (held only for in-memory work).  The :class:`WriterPool`
+    holds one, and so does its orphan scan (:class:`OrphanScanner`), which
+    adds the ids it settles as slots when there is room.
+    """
 
+    def __init__(
+        self, book: LeaseBook, runtime: Runtime, new_writer: Callable[[str], DualWriter], *, prefix: str, size: int,
+        max_slots: int, lease_s: float, acquire_timeout_s: float, rng: random.Random,
+    ) -> None:
+        self.book = book
+        self._new_writer = new_writer
+        self._prefix = prefix
+        self._size = size
+        self.max_slots = max_slots
+        self._lease_s = lease_s
+        self._acquire_timeout_s = acquire_timeout_s
+        self._random = rng
+        self.cond = runtime.condition()
+        self.slots: list[_Slot] = []
+        self.acquiring = 0
+        """Slots being leased and recovered now (they count against ``max_slots``)."""
+        self.closed = False
+        self._renewed_at = time.monotonic()
+        self.retired: list[DualWriteMetrics] = []
+        """The metrics of the writers of slots retired (the pool's totals include them)."""
+        self.orphans_taken = 0
+        """Expired leases this keeper took to make a slot (their recovery settled another instance's id)."""
+        self.leases_lost = 0
 
-class SlotKeeping:
-    """The slots of a :class:`WriterPool` and the leases under them (fields set by ``WriterPool.__init__``)."""
+    def renewed_now(self) -> None:
+        """The leases count as renewed now (the pool just recorded its ids)."""
+        self._renewed_at = time.monotonic()
 
-    _engine: sa.Engine
-    _config: dict[str, Any]
-    _prefix: str
-    _size: int
-    _max_slots: int
-    _lease_s: float
-    _acquire_timeout_s: float
-    _state_table: sa.Table
-    _writer_options: dict[str, Any]
-    _book: LeaseBook
-    _cond: threading.Condition
-    _slots: list[_Slot]
-    _acquiring: int
-    """Slots being leased and recovered now (they count against ``max_slots``)."""
-    _counters: _Counters
-    _renewed_at: float
-    _stop: threading.Event
-    _closed: bool
-    _random: random.Random
-    """This pool's own source of shuffles and jitter: the application's ``random`` stream is not drawn from."""
+    def new_writer(self, tid: str) -> DualWriter:
+        """A writer for ``tid`` (not a slot yet)."""
+        return self._new_writer(tid)
 
-    _step_observers: list[Callable[[Any, Step], None]]
-    """Shared with every writer of the pool (kafka2pc.otel observes the pool's steps through it)."""
+    def held_ids(self) -> list[str]:
+        with self.cond:
+            return sorted(s.tid for s in self.slots if not s.lost)
 
-    def _new_writer(self, tid: str) -> DualWriter:
-        writer = DualWriter(self._engine, {**self._config, "transactional.id": tid},
-                            state_table=self._state_table, **self._writer_options)
-        writer._step_observers = self._step_observers
-        return writer
+    def reserve(self) -> bool:
+        """Take a place for a slot being recovered now, if there is room (give it back with :meth:`unreserve`)."""
+        with self.cond:
+            keep = not self.closed and len(self.slots) + self.acquiring < self.max_slots
+            if keep:
+                self.acquiring += 1
+            return keep
 
-    def _take(self, ready_by: float | None = None) -> _Slot:
+    def unreserve(self) -> None:
+        with self.cond:
+            self.acquiring -= 1
+            self.cond.notify()
+
+    def adopt(self, writer: DualWriter, epoch: int) -> bool:
+        """Keep ``writer`` (recovered, its lease held at ``epoch``) as a free slot; False once closed."""
+        with self.cond:
+            if self.closed:
+                return False
+            self.slots.append(_Slot(writer, epoch))
+            self.cond.notify()
+            return True
+
+    def close(self, deadline: float) -> list[_Slot]:
+        """Refuse new slots, wait (until ``deadline``) for the busy ones, and return every slot (to retire)."""
+        with self.cond:
+            self.closed = True
+            while any(s.busy for s in self.slots) and time.monotonic() < deadline:
+                self.cond.wait(max(0.0, deadline - time.monotonic()))
+            slots, self.slots = self.slots, []
+            self.cond.notify_all()
+        return slots
+
+    def drop_all(self) -> None:
+        """Forget every slot without closing its writer or touching its lease (a forked child's inheritance)."""
+        self.slots = []
+        self.acquiring = 0
+
+    def take(self, ready_by: float | None = None) -> _Slot:
         """A free slot (healthy ones first), or a new one leased and recovered by ``ready_by``."""
         if time.monotonic() - self._renewed_at > self._lease_s * 2 / 3:
-            self._renew()  # this process was paused or cut off: know which leases are still ours first
+            self.renew()  # this process was paused or cut off: know which leases are still ours first
         deadline = time.monotonic() + self._acquire_timeout_s
         while True:
-            with self._cond:
+            with self.cond:
                 while True:
-                    if self._closed:
+                    if self.closed:
                         raise IllegalStateError(f"pool {self._prefix!r} is closed")
                     # The slot free the longest: its last Kafka commit has had the most time to write
                     # its markers.  A transaction begun on a slot whose EndTxn has just returned has its
                     # AddPartitionsToTxn refused (CONCURRENT_TRANSACTIONS) until they are written, and
                     # librdkafka retries it only after a back-off (measured: a p99 of ~26 ms against
                     # ~13 ms with four writers on eight slots).
-                    free = [slot for slot in self._slots if not slot.busy and not slot.lost]
+                    free = [slot for slot in self.slots if not slot.busy and not slot.lost]
                     if free:
                         # A slot left needing recovery (its broker call failed) is taken last: its
                         # recovery may not finish while the broker is down.
@@ -121,120 +162,118 @@ class SlotKeeping:
                                                              slot.freed_at))
                         chosen.busy = True
                         return chosen
-                    if len(self._slots) + self._acquiring < self._max_slots:
-                        self._acquiring += 1
+                    if len(self.slots) + self.acquiring < self.max_slots:
+                        self.acquiring += 1
                         break
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        raise self._exhausted()
-                    self._cond.wait(left)
+                        raise self.exhausted()
+                    self.cond.wait(left)
             acquired: _Slot | None = None
             try:
-                acquired = self._acquire(ready_by)
+                acquired = self.acquire(ready_by)
             finally:
-                with self._cond:
-                    self._acquiring -= 1
+                with self.cond:
+                    self.acquiring -= 1
                     if acquired is not None:
                         acquired.busy = True
-                        self._slots.append(acquired)
+                        self.slots.append(acquired)
             if acquired is not None:
                 return acquired
-            with self._cond:  # every id is leased: wait for a slot of ours, or a lease to expire
+            with self.cond:  # every id is leased: wait for a slot of ours, or a lease to expire
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self._exhausted()
-                self._cond.wait(min(left, 0.2))
+                    raise self.exhausted()
+                self.cond.wait(min(left, 0.2))
 
-    def _exhausted(self) -> PoolExhaustedError:
+    def exhausted(self) -> PoolExhaustedError:
         return PoolExhaustedError(
             f"pool {self._prefix!r}: no transactional id free within {self._acquire_timeout_s:g} s (all {self._size} "
-            f"ids leased, this instance's {len(self._slots)} slots busy): record more ids (size) or run fewer "
+            f"ids leased, this instance's {len(self.slots)} slots busy): record more ids (size) or run fewer "
             "transactions at once"
         )
 
-    def _acquire(self, ready_by: float | None = None) -> _Slot | None:
+    def acquire(self, ready_by: float | None = None) -> _Slot | None:
         """Lease a free (or expired) id and recover it (by ``ready_by``); ``None`` if every id is leased."""
-        candidates = self._book.candidates(limit=16)
+        candidates = self.book.candidates(limit=16)
         self._random.shuffle(candidates)
         candidates.sort(key=lambda lease: lease.owner is not None)  # free ids first, in random order
         for lease in candidates:
-            claimed = self._book.claim(lease)
+            claimed = self.book.claim(lease)
             if claimed is None:
                 continue
             writer = self._new_writer(lease.transactional_id)
-            deadline = writer._kafka_deadline()
-            if ready_by is not None:
-                deadline = ready_by if deadline is None else min(deadline, ready_by)
             try:
-                writer._recover_by(deadline)
+                writer._recover_by(ready_by)
             except BaseException:
-                self._retire([_Slot(writer, claimed.epoch)], abandon=True)
+                self.retire([_Slot(writer, claimed.epoch)], abandon=True)
                 raise
             if lease.owner is not None:
-                self._counters.orphans_settled += 1
+                self.orphans_taken += 1
             return _Slot(writer, claimed.epoch)
         return None
 
-    def _give_back(self, slot: _Slot) -> None:
+    def give_back(self, slot: _Slot) -> None:
         writer = slot.writer
         drop = slot.lost or writer.state in (WriterState.FENCED, WriterState.CLOSED)
         if drop and not slot.lost:
             try:
-                self._renew()  # was the lease taken (this instance presumed dead), or did an operator fence it?
+                self.renew()  # was the lease taken (this instance presumed dead), or did an operator fence it?
             except sa.exc.SQLAlchemyError as exc:
                 logger.debug("%s: cannot read the leases: %s", slot.tid, exc)
-        with self._cond:
+        with self.cond:
             slot.busy = False
             slot.freed_at = time.monotonic()
-            if drop and slot in self._slots:
-                self._slots.remove(slot)
-            self._cond.notify()
+            if drop and slot in self.slots:
+                self.slots.remove(slot)
+            self.cond.notify()
         if drop:
             if not slot.lost:
                 logger.warning("%s: fenced (taken over, or terminated by an operator): dropping the slot", slot.tid)
             # Nothing of ours may be open under it, but another owner's may: leave it to an orphan scan.
-            self._retire([slot], abandon=True)
+            self.retire([slot], abandon=True)
 
-    def _retire(self, slots: list[_Slot], *, abandon: bool = False) -> None:
+    def retire(self, slots: list[_Slot], *, abandon: bool = False) -> None:
         """Close the writers; release their leases if nothing is open under them, else abandon them."""
         release: list[tuple[str, int]] = []
         expire: list[tuple[str, int]] = []
         for slot in slots:
-            self._counters.retired.append(slot.writer.metrics())
+            self.retired.append(slot.writer.metrics())
             clean = not abandon and not slot.lost and slot.writer.state is WriterState.READY
             if not slot.lost:
                 (release if clean else expire).append((slot.tid, slot.epoch))
             slot.writer.close()
         try:
-            self._book.release(release)
-            self._book.expire(expire)
+            self.book.release(release)
+            self.book.expire(expire)
         except sa.exc.SQLAlchemyError as exc:
             logger.warning("pool %r: could not give leases back (they expire by themselves): %s", self._prefix, exc)
 
 
-    def _renew(self) -> None:
+    def renew(self) -> None:
         started = time.monotonic()
-        held = self._book.renew()
+        held = self.book.renew()
         self._renewed_at = started
         lost: list[_Slot] = []
-        with self._cond:
-            for slot in self._slots:
+        with self.cond:
+            for slot in self.slots:
                 if not slot.lost and held.get(slot.tid) != slot.epoch:
                     slot.lost = True
-                    self._counters.leases_lost += 1
+                    self.leases_lost += 1
                     logger.error("%s: this instance's lease (epoch %d) was taken over by another instance "
                                  "(this one was presumed dead): dropping the slot", slot.tid, slot.epoch)
                     if not slot.busy:
                         lost.append(slot)
             for slot in lost:
-                self._slots.remove(slot)
+                self.slots.remove(slot)
         if lost:
-            self._retire(lost)
+            self.retire(lost)
 
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(self._lease_s / 3):
+    def renew_loop(self, stop: Event) -> None:
+        """Renew the leases every ``lease_s / 3`` until ``stop`` is set."""
+        while not stop.wait(self._lease_s / 3):
             try:
-                self._renew()
+                self.renew()
             except Exception as exc:  # noqa: BLE001 - the database may be back at the next try
                 logger.warning("pool %r: renewing the leases failed: %s", self._prefix, exc)
 

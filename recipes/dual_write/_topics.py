@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from kafka2pc import UnknownTopicError
@@ -17,7 +17,10 @@ from kafka2pc import UnknownTopicError
 LIBRDKAFKA_LOGGER: Final = "kafka2pc.librdkafka"
 """The logger kafka2pc's producers give librdkafka (``kafka2pc._logging.LIBRDKAFKA_LOGGER_NAME``)."""
 
-__all__ = ["TopicCheck"]
+__all__ = ["DEFAULT_TOPIC_CHECK_TIMEOUT_S", "TopicCheck"]
+
+DEFAULT_TOPIC_CHECK_TIMEOUT_S: Final = 10.0
+"""How long a new topic's metadata request waits, unless the writer's ``kafka_timeout_s`` bounds it."""
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +31,11 @@ _CONNECTION_PREFIXES: Final = ("security.", "sasl.", "ssl.", "socket.", "broker.
 class TopicCheck:
     """Remembers the topics known to exist; asks the cluster (bounded) about a new one."""
 
-    def __init__(self, producer_config: Mapping[str, Any], timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, producer_config: Mapping[str, Any], timeout_s: float = DEFAULT_TOPIC_CHECK_TIMEOUT_S,
+        blocking: Callable[[Callable[[], Any]], Any] | None = None,
+    ) -> None:
+        """``blocking`` runs the metadata request (the writer's runtime: in an event loop, off the loop)."""
         self._config = {
             k: v for k, v in producer_config.items() if k in _CONNECTION_KEYS or k.startswith(_CONNECTION_PREFIXES)
         }
@@ -37,11 +44,18 @@ class TopicCheck:
         """Topics the cluster said exist (the caller may test membership before :meth:`require`)."""
         self._admin: Any = None
         self._lock = threading.Lock()
+        self._blocking = blocking
 
     def require(self, topic: str, transactional_id: str) -> None:
         """Raise :class:`~kafka2pc.UnknownTopicError` if the cluster says ``topic`` does not exist."""
         if topic in self.known:
             return
+        if self._blocking is None:
+            self._require(topic, transactional_id)
+        else:
+            self._blocking(lambda: self._require(topic, transactional_id))
+
+    def _require(self, topic: str, transactional_id: str) -> None:
         from confluent_kafka import KafkaError, KafkaException
         from confluent_kafka.admin import AdminClient
 

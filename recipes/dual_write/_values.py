@@ -85,6 +85,44 @@ class Step(str, enum.Enum):
     RECOVERY_SETTLED = "recovery_settled"
     """Recovery settled the Kafka transaction; its database transaction is still open."""
 
+    # -- what each step means for an observer (kafka2pc.otel reads these, never the names) --
+    @property
+    def attempt_begins(self) -> bool:
+        """A transaction or a recovery begins: whatever phase the writer's previous attempt left open ended
+        without completing."""
+        return self in (Step.DB_BEGUN, Step.RECOVERY_LOCKED)
+
+    @property
+    def phase_begins(self) -> str | None:
+        """The phase this step begins: ``"recovery"``, ``"prepare"``, ``"db_commit"``, ``"kafka_commit"`` or
+        ``None`` (each phase ends at the step whose :attr:`phase_ends` names it)."""
+        return _PHASE_BEGINS.get(self)
+
+    @property
+    def phase_ends(self) -> str | None:
+        """The phase this step ends (see :attr:`phase_begins`), or ``None``."""
+        return _PHASE_ENDS.get(self)
+
+    @property
+    def leaves_prepared(self) -> bool:
+        """From this step on the Kafka transaction is prepared (until a step that :attr:`settles` it)."""
+        return self is Step.PREPARED
+
+    @property
+    def settles(self) -> bool:
+        """Nothing stays prepared after this step: the Kafka transaction committed, or recovery settled it."""
+        return self in (Step.KAFKA_COMMITTED, Step.RECOVERY_SETTLED)
+
+
+_PHASE_BEGINS: dict[Step, str] = {
+    Step.RECOVERY_LOCKED: "recovery", Step.BODY_DONE: "prepare", Step.DB_COMMITTING: "db_commit",
+    Step.DB_COMMITTED: "kafka_commit",
+}
+_PHASE_ENDS: dict[Step, str] = {
+    Step.RECOVERY_SETTLED: "recovery", Step.PREPARED: "prepare", Step.DB_COMMITTED: "db_commit",
+    Step.KAFKA_COMMITTED: "kafka_commit",
+}
+
 
 StepHook = Callable[[Step], None]
 

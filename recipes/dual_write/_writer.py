@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 
 from kafka2pc import (
     DEFAULT_CLOSE_TIMEOUT_S,
+    ForkedProcessError,
     IllegalStateError,
     Kafka2pcError,
     PreparedTxnState,
@@ -25,14 +27,18 @@ from kafka2pc._deprecation import deprecated_property, seconds_from_ms
 
 from ._bind import Bind, Bound
 from ._bind import bind as bind_target
+from ._core import WriterCore
+from ._events import EVENTS, Listeners, StepListener
 from ._handle import DualWriteTransaction
 from ._lifecycle import WriterState
+from ._options import DEFAULT_QUEUE_FULL_TIMEOUT_S, DEFAULT_SETTLE_ATTEMPTS, WriterOptions, options_from
+from ._recovery import Recovery
+from ._runtime import THREADS, forks_seen
 from ._schema import create_state_table
 from ._schema import define_outbox_table as _make_outbox_table
 from ._schema import define_state_table as _make_state_table
-from ._settle import Settling
-from ._store import StateStore, TakenOver, locked, store_for
-from ._topics import TopicCheck
+from ._settle import Settler
+from ._store import TakenOver, locked
 from ._values import (
     DualWriteMetrics,
     OnHeuristic,
@@ -48,7 +54,9 @@ if TYPE_CHECKING:
 
     from kafka2pc import TwoPhaseCommitProducer
 
-__all__ = ["DualWriter", "recover_all"]
+    from ._runtime import Runtime
+
+__all__ = ["DualWriter", "recover_all", "writer_on"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +64,7 @@ DeferCommit = Callable[[Callable[[], None]], None]
 """Receives the call that commits Kafka after the database COMMIT, to run it later (pipelined commit)."""
 
 
-class DualWriter(Settling):
+class DualWriter:
     """Atomic writes to a SQL database and Kafka under one transactional id (KIP-939's dual-write recipe).
 
     ``engine`` is the database holding the state table (and the outbox table
@@ -92,123 +100,149 @@ class DualWriter(Settling):
         retain_records: bool = False,
         lock_timeout_s: float | None = None,
         on_step: StepHook | None = None,
-        settle_attempts: int = 5,
-        queue_full_timeout_s: float = 60.0,
+        settle_attempts: int = DEFAULT_SETTLE_ATTEMPTS,
+        queue_full_timeout_s: float = DEFAULT_QUEUE_FULL_TIMEOUT_S,
         kafka_timeout_s: float | None = None,
         lock_timeout_ms: int | None = None,
+        options: WriterOptions | None = None,
     ) -> None:
+        """As the class documents; ``options`` is the same settings as one value (instead of the keywords)."""
         lock_timeout_s = seconds_from_ms(type(self).__name__, "lock_timeout_ms", lock_timeout_ms,
                                          "lock_timeout_s", lock_timeout_s)
-        if lock_timeout_s is not None and lock_timeout_s <= 0:
-            raise UsageError("lock_timeout_s must be positive (or None for the database's own limit)")
+        options = options_from(options, retain_records=retain_records, lock_timeout_s=lock_timeout_s,
+                               on_step=on_step, settle_attempts=settle_attempts,
+                               queue_full_timeout_s=queue_full_timeout_s, kafka_timeout_s=kafka_timeout_s)
+        self._setup(engine, producer_config, options, THREADS, state_table, outbox_table, Listeners(options.on_step))
+
+    def _setup(
+        self, engine: sa.Engine, producer_config: Mapping[str, Any], options: WriterOptions, runtime: Runtime,
+        state_table: sa.Table | None, outbox_table: sa.Table | None, listeners: Listeners,
+    ) -> None:
         tid = producer_config.get("transactional.id")
         if not isinstance(tid, str) or not tid:
             raise UsageError("producer_config must set 'transactional.id' to a non-empty string")
         if len(tid) > 255:
             raise UsageError("transactional.id must fit the state table's VARCHAR(255)")
-        if settle_attempts < 1:
-            raise UsageError("settle_attempts must be at least 1")
-        self._engine = engine
-        self._config = dict(producer_config)
-        self._tid = tid
         metadata = sa.MetaData()
-        self._table = state_table if state_table is not None else _make_state_table(metadata)
-        if retain_records and outbox_table is None:
+        table = state_table if state_table is not None else _make_state_table(metadata)
+        if options.retain_records and outbox_table is None:
             outbox_table = _make_outbox_table(metadata)
-        self._outbox = outbox_table
-        self._retain = retain_records
-        self._lock_timeout_s = lock_timeout_s
-        self._on_step = on_step
-        self._step_observers: list[Callable[[Any, Step], None]] = []
-        self._settle_attempts = settle_attempts
-        self._queue_full_timeout_s = queue_full_timeout_s
-        if kafka_timeout_s is not None and kafka_timeout_s <= 0:
-            raise UsageError("kafka_timeout_s must be positive (or None to wait as librdkafka does)")
-        self._kafka_timeout_s = kafka_timeout_s
-        self._store: StateStore = store_for(engine.dialect, self._table)
+        listeners.bind(self)
+        self._options = options
+        self._listeners = listeners
+        self._core = WriterCore(engine, dict(producer_config), tid, options, runtime, table, outbox_table, listeners)
+        self._recovery = Recovery(self._core)
+        self._settler = Settler(self._core, self._recovery)
         self._serial = threading.Lock()
-        self._owner: int | None = None
-        self._status = WriterState.NEW
-        self._producer: TwoPhaseCommitProducer | None = None
-        # The state row as this writer (or its recovery) last committed it: its stored
-        # state and its version token (see ``_store``).  Valid while READY.
-        self._last_state: str | None = None
-        self._token: str | None = None
-        self._outbox_dirty = True  # the outbox may hold rows of this id (deleted by the next transaction)
+        self._holder: int | None = None
+        """The thread running a transaction or a recovery now (nesting is refused)."""
         self._open_since: float | None = None
-        self._in_doubt: PreparedTxnState | None = None
-        self._in_doubt_since: float | None = None
         self._committed = 0
         self._rolled_back = 0
-        self._recoveries = 0
-        self._heuristics = 0
-        self._republished = 0
-        # A new topic's metadata lookup is one of the transaction's Kafka calls: bounded by kafka_timeout_s too.
-        self._topics = TopicCheck(self._config, timeout_s=kafka_timeout_s if kafka_timeout_s is not None else 10.0)
+        self._pid = os.getpid()
+        """The process that made the writer."""
+        self._forks = forks_seen()
+        """:func:`forks_seen` when the writer was made: another value means this is a forked child."""
+
+    def _forked_error(self) -> ForkedProcessError:
+        return ForkedProcessError(
+            f"{self._core.tid!r}: this DualWriter was made in process {self._pid} and is used in its forked child "
+            f"{os.getpid()}: its producer and connections do not survive a fork, and its transactional id is "
+            "one process's (two children cannot both use it). Make the writer after the fork (gunicorn's "
+            "post_fork, Celery's worker_process_init, uWSGI's postfork), or use a WriterPool, which remakes "
+            "itself in the child", pid=self._pid,
+        )
 
     # -- introspection -------------------------------------------------------------
     @property
     def transactional_id(self) -> str:
         """The Kafka transactional id (and the state row's key)."""
-        return self._tid
+        return self._core.tid
 
     @property
     def state_table(self) -> sa.Table:
         """The state table this writer locks and updates."""
-        return self._table
+        return self._core.table
 
     @property
     def outbox_table(self) -> sa.Table | None:
         """The outbox table (``None`` unless configured or ``retain_records=True``)."""
-        return self._outbox
+        return self._core.outbox
 
     @property
     def retain_records(self) -> bool:
         """Whether records are kept in the outbox until Kafka commits them."""
-        return self._retain
+        return self._core.retain
 
     @property
     def producer(self) -> TwoPhaseCommitProducer | None:
         """The current producer (``None`` before the first recovery)."""
-        return self._producer
+        return self._core.producer
 
     @property
     def fenced(self) -> bool:
         """True once another instance took over this transactional id; only :meth:`recover` resets it."""
-        return self._status is WriterState.FENCED
+        return self._core.status is WriterState.FENCED
 
     @property
     def state(self) -> WriterState:
         """Where the writer is in its life cycle (as :attr:`kafka2pc.TwoPhaseCommitProducer.state` for the producer)."""
-        return self._status
+        return self._core.status
 
-    status = deprecated_property("status", "state", lambda self: self._status)
+    status = deprecated_property("status", "state", lambda self: self._core.status)
 
     @property
     def engine(self) -> sa.Engine:
         """The database holding the state table."""
-        return self._engine
+        return self._core.engine
 
     def create_tables(self) -> None:
         """Create the state (and outbox) table if missing: a convenience for scripts and tests."""
-        create_state_table(self._engine, self._table)
-        if self._outbox is not None:
-            self._outbox.create(self._engine, checkfirst=True)
+        create_state_table(self._core.engine, self._core.table)
+        if self._core.outbox is not None:
+            self._core.outbox.create(self._core.engine, checkfirst=True)
 
     def metrics(self) -> DualWriteMetrics:
         """A snapshot of this writer's gauges and counters (no I/O; safe from any thread)."""
         now = time.monotonic()
-        starts = [t for t in (self._open_since, self._in_doubt_since) if t is not None]
+        starts = [t for t in (self._open_since, self._core.in_doubt_since) if t is not None]
         return DualWriteMetrics(
             writers=1,
             oldest_open_transaction_age_s=(now - min(starts)) if starts else None,
-            in_doubt_transactions=1 if self._in_doubt is not None else 0,
+            in_doubt_transactions=1 if self._core.in_doubt is not None else 0,
             transactions_committed=self._committed,
             transactions_rolled_back=self._rolled_back,
-            recoveries=self._recoveries,
-            heuristic_outcomes=self._heuristics,
-            records_republished=self._republished,
+            recoveries=self._recovery.recoveries,
+            heuristic_outcomes=self._core.heuristics,
+            records_republished=self._recovery.republished,
         )
+
+    @property
+    def options(self) -> WriterOptions:
+        """How this writer runs (its constructor's options as one value)."""
+        return self._options
+
+    # -- events ----------------------------------------------------------------------
+    events: ClassVar[frozenset[str]] = EVENTS
+    """The events listeners may attach to (see :meth:`add_listener`)."""
+
+    def add_listener(self, event: str, fn: StepListener) -> None:
+        """Call ``fn(writer, step)`` at every :class:`Step` this writer reaches (``event="step"``).
+
+        SQLAlchemy's event model: the writer declares its events
+        (:attr:`events`) and listeners attach through this call.  Listeners run
+        in the thread running the step, before ``on_step``; an exception one
+        raises before the database commit rolls the transaction back.
+
+        Example::
+
+            writer.add_listener("step", lambda writer, step: print(writer.transactional_id, step.value))
+        """
+        self._listeners.add(event, fn)
+
+    def remove_listener(self, event: str, fn: StepListener) -> None:
+        """Detach a listener :meth:`add_listener` attached (:class:`~kafka2pc.UsageError` if it was not)."""
+        self._listeners.remove(event, fn)
 
     # -- life cycle ------------------------------------------------------------------
     def recover(
@@ -255,7 +289,7 @@ class DualWriter(Settling):
         raise_, acknowledge = heuristic_flags(f"{type(self).__name__}.recover", on_heuristic,
                                               raise_on_heuristic, acknowledge_heuristic)
         with self._exclusive():
-            return self._recover(raise_on_heuristic=raise_, acknowledge=acknowledge)
+            return self._recovery.recover(raise_on_heuristic=raise_, acknowledge=acknowledge)
 
     @contextmanager
     def transaction(self, bind: Bind) -> Iterator[DualWriteTransaction]:
@@ -275,7 +309,7 @@ class DualWriter(Settling):
         """
         with self._exclusive():
             self._ensure_ready()
-            bound = bind_target(bind, self._tid)
+            bound = bind_target(bind, self._core.tid)
             bound.install()
             try:
                 yield from self._run(bound, self._require_producer())
@@ -299,7 +333,7 @@ class DualWriter(Settling):
         """
         with self._exclusive():
             self._ensure_ready(ready_by)
-            bound = bind_target(bind, self._tid)
+            bound = bind_target(bind, self._core.tid)
             bound.install()
             try:
                 yield from self._run(bound, self._require_producer(), defer)
@@ -314,16 +348,22 @@ class DualWriter(Settling):
         within ``timeout`` seconds (``None``: ``kafka_timeout_s``, else
         :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`).
         """
+        core = self._core
         if timeout is not None and timeout < 0:
             raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
-        producer, self._producer = self._producer, None
-        if self._status is not WriterState.RECOVERING:  # a recovery in another thread ends by itself
-            self._to(WriterState.CLOSED)
+        producer = core.take_producer()
+        if self._forks != forks_seen():
+            # The parent's producer: its threads are not in this process, its queue is the parent's.
+            # Dropped unflushed (the parent, or the next owner's recovery, settles what it holds).
+            core.abandon()
+            return
+        if core.status is not WriterState.RECOVERING:  # a recovery in another thread ends by itself
+            core.to(WriterState.CLOSED)
         if producer is not None:
             try:
-                producer.close(timeout if timeout is not None else self._kafka_timeout_s or DEFAULT_CLOSE_TIMEOUT_S)
+                producer.close(timeout if timeout is not None else core.kafka_timeout_s or DEFAULT_CLOSE_TIMEOUT_S)
             except Exception:  # a fenced producer's flush raises; there is nothing left to release
-                logger.debug("%s: closing the producer failed", self._tid, exc_info=True)
+                logger.debug("%s: closing the producer failed", core.tid, exc_info=True)
 
     def __enter__(self) -> Self:
         return self
@@ -334,14 +374,16 @@ class DualWriter(Settling):
     # -- state -----------------------------------------------------------------------
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
-        if self._owner == threading.get_ident():
-            raise IllegalStateError(f"{self._tid!r}: transaction() and recover() cannot be nested")
+        if self._forks != forks_seen():
+            raise self._forked_error()
+        if self._holder == threading.get_ident():
+            raise IllegalStateError(f"{self._core.tid!r}: transaction() and recover() cannot be nested")
         with self._serial:
-            self._owner = threading.get_ident()
+            self._holder = threading.get_ident()
             try:
                 yield
             finally:
-                self._owner = None
+                self._holder = None
 
     def _ensure_ready(self, ready_by: float | None = None) -> None:
         """Recover first if needed, within ``kafka_timeout_s`` (and by ``ready_by``, a ``time.monotonic()``).
@@ -350,70 +392,77 @@ class DualWriter(Settling):
         typed error and leaves the writer ``NEEDS_RECOVERY``: the next call
         tries again, so the writer heals once the broker is back.
         """
-        if self._status is WriterState.FENCED:
+        if self._core.status is WriterState.FENCED:
             raise ProducerFencedError(
-                f"{self._tid!r} was taken over by another instance; call recover() only if that one is gone"
+                f"{self._core.tid!r} was taken over by another instance; call recover() only if that one is gone"
             )
-        producer = self._producer
-        if self._status is not WriterState.READY or producer is None or producer.state is not TxnState.READY:
-            deadline = self._kafka_deadline()
-            if ready_by is not None:
-                deadline = ready_by if deadline is None else min(deadline, ready_by)
-            self._recover(raise_on_heuristic=True, acknowledge=False, deadline=deadline)
+        producer = self._core.producer
+        if self._core.status is not WriterState.READY or producer is None or producer.state is not TxnState.READY:
+            self._recovery.recover(raise_on_heuristic=True, acknowledge=False, deadline=self._deadline(ready_by))
 
-    def _recover_by(self, deadline: float | None) -> RecoveryResult:
-        """:meth:`recover` (``raise_on_heuristic=False``), every Kafka call ending by ``deadline`` (for the pool)."""
+    def _deadline(self, ready_by: float | None) -> float | None:
+        """When a recovery starting now must end: ``kafka_timeout_s`` from now, and by ``ready_by``."""
+        deadline = self._settler.kafka_deadline()
+        if ready_by is not None:
+            deadline = ready_by if deadline is None else min(deadline, ready_by)
+        return deadline
+
+    def _recover_by(self, ready_by: float | None) -> RecoveryResult:
+        """:meth:`recover` (``raise_on_heuristic=False``), every Kafka call ending within ``kafka_timeout_s``
+        and by ``ready_by`` (a ``time.monotonic()`` value; the pool's ``acquire_timeout_s``)."""
         with self._exclusive():
-            return self._recover(raise_on_heuristic=False, acknowledge=False, deadline=deadline)
+            return self._recovery.recover(raise_on_heuristic=False, acknowledge=False,
+                                          deadline=self._deadline(ready_by))
 
     def _require_producer(self) -> TwoPhaseCommitProducer:
-        if self._producer is None:
-            raise IllegalStateError(f"{self._tid!r}: no producer; call recover() first")
-        return self._producer
+        if self._core.producer is None:
+            raise IllegalStateError(f"{self._core.tid!r}: no producer; call recover() first")
+        return self._core.producer
 
     # -- normal path -----------------------------------------------------------------
     def _run(
         self, bound: Bound, producer: TwoPhaseCommitProducer, defer: DeferCommit | None = None
     ) -> Iterator[DualWriteTransaction]:
+        core = self._core
         conn = bound.connection
-        tx = DualWriteTransaction(self, producer, conn)
-        if self._token is None:
-            raise IllegalStateError(f"{self._tid!r}: no state row token; call recover() first")
-        token: str = self._token
-        self._to(WriterState.IN_TRANSACTION)
+        tx = DualWriteTransaction(self._core, producer, conn)
+        if core.token is None:
+            raise IllegalStateError(f"{core.tid!r}: no state row token; call recover() first")
+        token: str = core.token
+        core.to(WriterState.IN_TRANSACTION)
         self._open_since = time.monotonic()
         kafka_begun = combined = cleaned = False
-        store = self._store
+        store = core.store
         try:
-            entered: str = locked(store, self._tid, "begin a transaction",
-                                  lambda: store.enter(conn, self._tid, token, lock_timeout_s=self._lock_timeout_s))
+            entered: str = locked(store, core.tid, "begin a transaction",
+                                  lambda: store.enter(conn, core.tid, token, lock_timeout_s=core.lock_timeout_s))
             token = entered
-            if self._retain and self._outbox_dirty:
-                locked(store, self._tid, "begin a transaction (drop spent outbox rows)",
-                       lambda: self._delete_outbox(conn))
+            if core.retain and core.outbox_dirty:
+                locked(store, core.tid, "begin a transaction (drop spent outbox rows)",
+                       lambda: core.delete_outbox(conn))
                 cleaned = True
-            self._step(Step.DB_BEGUN)
-            self._kafka(producer.begin_transaction)
+            core.step(Step.DB_BEGUN)
+            core.kafka(producer.begin_transaction)
             kafka_begun = True
-            self._step(Step.KAFKA_BEGUN)
+            core.step(Step.KAFKA_BEGUN)
             yield tx
             if bound.misuse is None:
                 bound.flush()
             if bound.misuse is not None:
                 raise bound.misuse_error()
-            self._step(Step.BODY_DONE)
-            state = self._kafka(lambda: producer.prepare_transaction(self._kafka_timeout_s))
+            core.step(Step.BODY_DONE)
+            state = core.kafka(lambda: producer.prepare_transaction(core.kafka_timeout_s))
             tx._prepared = state
-            self._step(Step.PREPARED)
-            if self._retain:
-                self._insert_outbox(conn, state, tx._records)
+            core.step(Step.PREPARED)
+            if core.retain:
+                core.insert_outbox(conn, state, tx._records)
             # PostgreSQL over psycopg 3 with a Connection: the state update goes with the
             # COMMIT in one round trip (store_and_commit); Steps as if they were two.
             combined = store.combined_commit and not bound.session
             if not combined:
-                token = store.store(conn, self._tid, str(state), token, self._last_state)
-            self._step(Step.STATE_STORED)
-            self._step(Step.DB_COMMITTING)
+                token = store.store(conn, core.tid, str(state), token, core.last_state)
+            core.step(Step.STATE_STORED)
+            core.step(Step.DB_COMMITTING)
         except BaseException as exc:
             self._open_since = None
             error = self._fail(bound, producer if kafka_begun else None, exc)
@@ -427,27 +476,28 @@ class DualWriter(Settling):
 
     def _fail(self, bound: Bound, producer: TwoPhaseCommitProducer | None, cause: BaseException) -> BaseException:
         """Roll back both sides after ``cause``; return the error to raise (``cause`` or a clearer one)."""
+        core = self._core
         self._rolled_back += 1
         try:
             bound.rollback()
         except Exception:  # the server rolls back a dead connection's transaction by itself
-            logger.warning("%s: database rollback failed", self._tid, exc_info=True)
+            logger.warning("%s: database rollback failed", core.tid, exc_info=True)
         fenced = isinstance(cause, (TakenOver, ProducerFencedError))
         if producer is not None:
             try:
-                self._kafka(lambda: producer.abort_transaction(self._kafka_timeout_s))
+                core.kafka(lambda: producer.abort_transaction(core.kafka_timeout_s))
             except Kafka2pcError as exc:
                 # The database rolled back, so abort is the only right outcome; the next
                 # recovery aborts whatever is still open (the stored state is not this one).
                 fenced = fenced or isinstance(exc, ProducerFencedError)
-                logger.warning("%s: abort after %r failed (%s)", self._tid, cause, exc)
+                logger.warning("%s: abort after %r failed (%s)", core.tid, cause, exc)
         if not fenced and isinstance(cause, Kafka2pcError) and not isinstance(cause, UsageError):
-            fenced = self._taken_over_now()  # e.g. a fenced producer's flush that failed oddly
+            fenced = core.taken_over_now()  # e.g. a fenced producer's flush that failed oddly
         if fenced:
-            return self._fenced_error("the state row changed since this writer last wrote it"
+            return core.fenced_error("the state row changed since this writer last wrote it"
                                       if isinstance(cause, TakenOver) else f"the transaction failed ({cause!r})")
         settled = producer is None or producer.state is TxnState.READY
-        self._to(WriterState.READY if settled else WriterState.NEEDS_RECOVERY)
+        core.to(WriterState.READY if settled else WriterState.NEEDS_RECOVERY)
         if (bound.misuse is not None and not bound.misuse_while_failing and isinstance(cause, Exception)
                 and not isinstance(cause, TransactionMisuseError)):
             return bound.misuse_error()  # e.g. ResourceClosedError after a close() in the block
@@ -457,22 +507,22 @@ class DualWriter(Settling):
         self, bound: Bound, producer: TwoPhaseCommitProducer, state: PreparedTxnState,
         token: str, combined: bool, cleaned: bool, defer: DeferCommit | None = None,
     ) -> None:
+        core = self._core
         try:
             if combined:
-                token = self._store.store_and_commit(bound.connection, self._tid, str(state), token, self._last_state)
+                token = core.store.store_and_commit(bound.connection, core.tid, str(state), token, core.last_state)
             bound.commit()  # after store_and_commit: bookkeeping only, psycopg sends nothing
         except TakenOver as exc:  # the guarded update failed: nothing committed
             raise self._fail(bound, producer, exc) from exc
         except BaseException as exc:
-            if not self._settle_unknown_db_commit(bound, producer, state, exc):
+            if not self._settler.settle_unknown_db_commit(bound, producer, state, exc):
                 self._rolled_back += 1
                 raise
             self._committed += 1
             return
-        self._token = token
-        self._last_state = str(state)
-        self._outbox_dirty = self._retain or (self._outbox_dirty and not cleaned)
-        self._step(Step.DB_COMMITTED)
+        core.wrote(str(state), token)
+        core.mark_outbox(core.retain or (core.outbox_dirty and not cleaned))
+        core.step(Step.DB_COMMITTED)
         if defer is not None:
             defer(lambda: self._commit_kafka(producer, state))
             return
@@ -480,15 +530,27 @@ class DualWriter(Settling):
 
     def _commit_kafka(self, producer: TwoPhaseCommitProducer, state: PreparedTxnState) -> None:
         """Step 7, once the database committed ``state``: commit Kafka, or settle a failure (never guess)."""
-        deadline = self._kafka_deadline()  # the commit and any settlement after it end by then
+        core = self._core
+        deadline = self._settler.kafka_deadline()  # the commit and any settlement after it end by then
         try:
-            self._kafka(lambda: producer.commit_transaction(self._kafka_timeout_s))
+            core.kafka(lambda: producer.commit_transaction(core.kafka_timeout_s))
         except Kafka2pcError as exc:
-            self._after_kafka_commit_failure(producer, state, exc, deadline)
+            self._settler.after_kafka_commit_failure(producer, state, exc, deadline)
         else:
-            self._to(WriterState.READY)
+            core.to(WriterState.READY)
         self._committed += 1
-        self._step(Step.KAFKA_COMMITTED)
+        core.step(Step.KAFKA_COMMITTED)
+
+
+def writer_on(
+    runtime: Runtime, engine: sa.Engine, producer_config: Mapping[str, Any], options: WriterOptions, *,
+    state_table: sa.Table | None = None, outbox_table: sa.Table | None = None, listeners: Listeners | None = None,
+) -> DualWriter:
+    """A :class:`DualWriter` that waits through ``runtime`` (how the pool and the asyncio twins make theirs)."""
+    writer = DualWriter.__new__(DualWriter)
+    writer._setup(engine, producer_config, options, runtime, state_table, outbox_table,
+                  listeners if listeners is not None else Listeners(options.on_step))
+    return writer
 
 
 def recover_all(writers: Iterable[DualWriter], *, max_workers: int | None = None) -> dict[str, RecoveryResult]:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.core.checks import Error
 from kafka2pc.recipes.django import ConfigurationError
-from kafka2pc.recipes.django._checks import check_settings
+from kafka2pc.recipes.django._checks import OPTION_CHECK_IDS, check_settings
 from kafka2pc.recipes.django._guard import OtherAliasGuard, StatementGuard
 from kafka2pc.recipes.django._settings import read_settings
 from kafka2pc.recipes.dual_write import TransactionMisuseError
@@ -111,3 +111,60 @@ def test_reads_from_another_alias_go_through(sql: str) -> None:
     sent: list[str] = []
     OtherAliasGuard("other", "default")(lambda s, *a: sent.append(s), sql, None, False, {})
     assert sent == [sql]
+
+
+@pytest.mark.parametrize(("options", "option"), [
+    ({"lease_s": 0}, "lease_s"),
+    ({"lease_s": -1.0}, "lease_s"),
+    ({"max_slots": 5}, "max_slots"),  # more than POOL_SIZE (4)
+    ({"max_slots": 0}, "max_slots"),
+    ({"scan_every_s": 0}, "scan_every_s"),
+    ({"acquire_timeout_s": -1}, "acquire_timeout_s"),
+    ({"settle_parallelism": 0}, "settle_parallelism"),
+    ({"lock_timeout_s": 0}, "lock_timeout_s"),
+    ({"kafka_timeout_s": -5}, "kafka_timeout_s"),
+    ({"settle_attempts": 0}, "settle_attempts"),
+    ({"on_step": "not callable"}, "on_step"),
+])
+def test_each_bad_pool_option_is_reported_by_the_system_check_under_its_own_id(
+    settings: Any, options: dict[str, Any], option: str
+) -> None:
+    settings.KAFKA2PC = {**GOOD, "POOL_OPTIONS": options}
+    (error,) = check_settings()
+    assert isinstance(error, Error) and error.id == OPTION_CHECK_IDS[option] and option in error.msg
+    with pytest.raises(ConfigurationError, match=option):
+        read_settings(settings.KAFKA2PC)
+
+
+def test_several_bad_pool_options_are_each_reported(settings: Any) -> None:
+    settings.KAFKA2PC = {**GOOD, "POOL_OPTIONS": {"lease_s": 0, "max_slots": 9, "kafka_timeout_s": 0}}
+    ids = sorted(e.id for e in check_settings())
+    assert ids == sorted(OPTION_CHECK_IDS[o] for o in ("lease_s", "max_slots", "kafka_timeout_s"))
+    assert len(set(OPTION_CHECK_IDS.values())) == len(OPTION_CHECK_IDS)  # one id per option
+
+
+def test_the_pool_options_are_derived_from_the_recipe_and_build_its_writer_options() -> None:
+    from kafka2pc.recipes.django._settings import POOL_OPTIONS
+    from kafka2pc.recipes.dual_write import WriterOptions
+
+    assert {"retain_records", "lock_timeout_s", "kafka_timeout_s", "settle_attempts", "lease_s", "max_slots",
+            "owner"} <= POOL_OPTIONS
+    assert "pipelined" not in POOL_OPTIONS
+    s = read_settings({**GOOD, "POOL_OPTIONS": {"lease_s": 5.0, "retain_records": True}})
+    assert s.writer_options() == WriterOptions(retain_records=True, kafka_timeout_s=30.0)
+    assert s.pool_keywords() == {"lease_s": 5.0}
+
+
+def test_an_unsupported_database_backend_is_reported(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import django.db
+    from django.db.utils import ConnectionHandler
+
+    settings.KAFKA2PC = GOOD
+    handler = ConnectionHandler({
+        "default": {"ENGINE": "django.db.backends.dummy"},
+        "archive": {"ENGINE": "django.db.backends.dummy"},
+        "replica": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+    })
+    monkeypatch.setattr(django.db, "connections", handler)
+    found = {(type(m).__name__, m.id) for m in check_settings()}
+    assert found == {("Error", "kafka2pc.E002"), ("Warning", "kafka2pc.W002")}

@@ -77,22 +77,15 @@ def test_dual_write_transactions_become_counters_histograms_gauges_and_spans(
 
         # A crash between the two commits, then Kafka aborts the prepared transaction behind the
         # database's back (an operator's force-terminate): recovery finds a heuristic outcome.
-        def crash_after_db_commit(step: Step) -> None:
+        def crash_after_db_commit(_writer: object, step: Step) -> None:
             if step is Step.DB_COMMITTED:
                 raise _Crash()
 
-        writer_hook, writer._on_step = writer._on_step, None
-        assert writer_hook is not None
-
-        def hook(step: Step) -> None:
-            writer_hook(step)
-            crash_after_db_commit(step)
-
-        writer._on_step = hook
+        writer.add_listener("step", crash_after_db_commit)
         with pytest.raises(_Crash), engine.connect() as conn, writer.transaction(conn) as tx:
             conn.execute(items.insert().values(id=99))
             tx.produce(topic, value=b"heuristic")
-        writer._on_step = writer_hook
+        writer.remove_listener("step", crash_after_db_commit)
         with TransactionAdmin({"bootstrap.servers": kafka_bootstrap}) as admin:
             assert admin.force_terminate_transaction(tid) is not None
         result = writer.recover(on_heuristic="report")

@@ -134,7 +134,7 @@ def test_loop_stall_monitor_argument(old: str, new: str) -> None:
 def test_dual_writer_lock_timeout_ms(engine: sa.Engine) -> None:
     with warns("DualWriter(lock_timeout_ms=", "lock_timeout_s"):
         writer = DualWriter(engine, WRITER_CONFIG, lock_timeout_ms=1500)
-    assert writer._lock_timeout_s == 1.5
+    assert writer.options.lock_timeout_s == 1.5
     with pytest.raises(UsageError, match="not both"):
         DualWriter(engine, WRITER_CONFIG, lock_timeout_ms=1500, lock_timeout_s=1.5)
 
@@ -143,7 +143,7 @@ def test_dual_writer_lock_timeout_ms(engine: sa.Engine) -> None:
 def test_writer_pool_lock_timeout_ms(engine: sa.Engine) -> None:
     with warns("WriterPool(lock_timeout_ms=", "lock_timeout_s"):
         pool = WriterPool(engine, UNREACHABLE, prefix="deprecated", size=1, lock_timeout_ms=2500, start=False)
-    assert pool._writer_options["lock_timeout_s"] == 2.5
+    assert pool.options.lock_timeout_s == 2.5
 
 
 @covers("kafka2pc.recipes.dual_write.DualWriter.recover", "raise_on_heuristic", "acknowledge_heuristic")
@@ -168,7 +168,7 @@ def test_recover_refuses_an_unknown_on_heuristic(engine: sa.Engine) -> None:
 def test_async_dual_writer_lock_timeout_ms(tmp_path: Path) -> None:
     with warns("AsyncDualWriter(lock_timeout_ms=", "lock_timeout_s"):
         writer = AsyncDualWriter(async_engine(tmp_path), WRITER_CONFIG, lock_timeout_ms=1500)
-    assert writer._sync._lock_timeout_s == 1.5
+    assert writer.options.lock_timeout_s == 1.5
 
 
 @covers("kafka2pc.recipes.dual_write.aio.AsyncWriterPool.__init__", "lock_timeout_ms")
@@ -176,7 +176,7 @@ def test_async_writer_pool_lock_timeout_ms(tmp_path: Path) -> None:
     with warns("AsyncWriterPool(lock_timeout_ms=", "lock_timeout_s"):
         pool = AsyncWriterPool(async_engine(tmp_path), UNREACHABLE, prefix="deprecated", size=1,
                                lock_timeout_ms=2500)
-    assert pool._sync._writer_options["lock_timeout_s"] == 2.5
+    assert pool.options.lock_timeout_s == 2.5
 
 
 @covers("kafka2pc.recipes.dual_write.aio.AsyncDualWriter.recover", "raise_on_heuristic", "acknowledge_heuristic")

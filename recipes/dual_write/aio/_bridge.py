@@ -30,10 +30,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy.util import greenlet_spawn
 
-from kafka2pc import PreparedTxnState, Settlement, TxnState
+from kafka2pc import DEFAULT_CLOSE_TIMEOUT_S, PreparedTxnState, Settlement, TxnState
 from kafka2pc.aio import AsyncTwoPhaseCommitProducer
-
-from .._topics import TopicCheck
 
 try:  # SQLAlchemy 2.1 (``await_only`` is its old name, deprecated from 2.2 on)
     from sqlalchemy.util import await_ as _await
@@ -101,20 +99,6 @@ class OffLoop:
             executor.shutdown(wait=False)
 
 
-class OffLoopTopicCheck(TopicCheck):
-    """:class:`TopicCheck` whose metadata request (once per new topic) runs off the loop."""
-
-    def __init__(self, producer_config: dict[str, Any], off_loop: OffLoop, timeout_s: float = 10.0) -> None:
-        super().__init__(producer_config, timeout_s)
-        self._off_loop = off_loop
-
-    def require(self, topic: str, transactional_id: str) -> None:
-        """Raise :class:`~kafka2pc.UnknownTopicError` if the cluster says ``topic`` does not exist."""
-        if topic in self.known:
-            return
-        self._off_loop.run(lambda: TopicCheck.require(self, topic, transactional_id))
-
-
 class _GreenletProducer:
     """The :class:`kafka2pc.TwoPhaseCommitProducer` methods the recipe calls, answered by an async producer.
 
@@ -145,7 +129,7 @@ class _GreenletProducer:
 
     @property
     def control_plane(self) -> Any:
-        # Used by the recipe only inside WriterCore._blocking, i.e. in the helper thread.
+        # Used by the recipe only inside the runtime's blocking(), i.e. in the helper thread.
         return self.async_producer.sync_producer.control_plane
 
     def __len__(self) -> int:
@@ -192,5 +176,5 @@ class _GreenletProducer:
     def complete_transaction(self, state: PreparedTxnState, timeout: float | None = None) -> None:
         wait_for(self.async_producer.complete_transaction(state, timeout))
 
-    def close(self, timeout: float = 30.0) -> None:
+    def close(self, timeout: float = DEFAULT_CLOSE_TIMEOUT_S) -> None:
         wait_for(self.async_producer.close(timeout))

@@ -1,249 +1,51 @@
 """``AsyncWriterPool``: the writer pool for asyncio services (SQLAlchemy's asyncio extension).
 
 The sync pool's code (:class:`~kafka2pc.recipes.dual_write.WriterPool`: leases,
-fencing epochs, slot reuse, renewal, the orphan scan and its settling) runs
-unchanged on the event loop, in SQLAlchemy's greenlet bridge as
-:class:`AsyncDualWriter` runs the sync writer's (see ``_bridge.py``).  What
-would block answers through the loop instead:
-
-* the slots are :class:`_LoopWriter` s (the asyncio writer's sync half);
-* the pool's condition (waiting for a free slot, for busy slots at close)
-  and its stop signal are futures of the loop (:class:`_LoopCondition`,
-  :class:`_LoopEvent`); the pool's lock is only ever held for in-memory work,
-  between two waits, so the loop's single thread is all the exclusion it needs;
-* the renewal and the orphan scan are tasks of the loop, not threads;
-* orphans are settled ``settle_parallelism`` at a time by tasks, each with
-  an :class:`~kafka2pc.aio.AsyncTransactionAdmin` of its own;
-* a pipelined commit (``pipelined=True``) runs as a task of the loop
-  (:class:`_LoopPipeline`), not on a worker thread.
+fencing epochs, slot reuse, renewal, the orphan scan and its settling, the
+pipelined commit) runs unchanged on the event loop, in SQLAlchemy's greenlet
+bridge as :class:`AsyncDualWriter` runs the sync writer's (see ``_bridge.py``),
+made with the loop's runtime (``_runtime.py``'s ``EventLoop``): that object is
+the whole of the difference.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from kafka2pc import IllegalStateError, PreparedTxnState, Settlement, TransactionDescription, UsageError
+from kafka2pc import IllegalStateError, UsageError
 from kafka2pc._deprecation import seconds_from_ms
-from kafka2pc.aio import AsyncTransactionAdmin
 
+from .._events import EVENTS, StepListener
 from .._lease import Lease
-from .._orphans import _Admins
-from .._pipeline import CommitPipeline
-from .._pool import PoolMetrics, WriterPool
+from .._lifecycle import PoolState
+from .._options import (
+    DEFAULT_ACQUIRE_TIMEOUT_S,
+    DEFAULT_LEASE_S,
+    DEFAULT_SETTLE_PARALLELISM,
+    DEFAULT_SLOW_COMMIT_S,
+    WriterOptions,
+    options_from,
+)
+from .._pool import PoolMetrics, PoolShape, pool_on
+from .._runtime import forks_seen
 from .._values import RecoveryResult, StepHook
-from ._bridge import in_greenlet, run_to_completion, wait_for
-from ._writer import AsyncBind, AsyncDualWriteTransaction, _LoopWriter, _sync_target, run_scope
+from ._bridge import in_greenlet, run_to_completion
+from ._runtime import EVENT_LOOP
+from ._writer import AsyncBind, AsyncDualWriteTransaction, _sync_target, run_scope
 
 if TYPE_CHECKING:
-    import threading
-
     from typing_extensions import Self
-
-    from kafka2pc import TransactionAdmin
-
-    from .._writer import DualWriter
 
 __all__ = ["AsyncWriterPool"]
 
 logger = logging.getLogger(__name__)
-
-
-class _LoopCondition:
-    """:class:`threading.Condition`'s interface for code running in greenlets on one loop's thread.
-
-    Entering it takes nothing: the code inside never switches greenlets
-    except in :meth:`wait`, so no other task runs in between.
-    """
-
-    def __init__(self) -> None:
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    def __enter__(self) -> bool:
-        return True
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Inside the pool's greenlet: let the loop run until :meth:`notify` (True) or ``timeout`` (False)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            done, _ = wait_for(asyncio.wait({waiter}, timeout=timeout))
-            return bool(done)
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-
-    def notify(self, n: int = 1) -> None:
-        """Wake up to ``n`` waiters."""
-        while n > 0 and self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                n -= 1
-
-    def notify_all(self) -> None:
-        """Wake every waiter."""
-        self.notify(len(self._waiters))
-
-
-class _LoopEvent:
-    """:class:`threading.Event`'s interface over an :class:`asyncio.Event` (``wait`` from a greenlet)."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
-
-    def set(self) -> None:
-        self._event.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Inside the pool's greenlet: True once set, False after ``timeout``."""
-        if not self._event.is_set():
-            waiter = asyncio.ensure_future(self._event.wait())
-            try:
-                wait_for(asyncio.wait({waiter}, timeout=timeout))
-            finally:
-                waiter.cancel()
-        return self._event.is_set()
-
-
-class _LoopSemaphore:
-    """:class:`threading.BoundedSemaphore`'s ``acquire``/``release`` for the pool's greenlets."""
-
-    def __init__(self, value: int) -> None:
-        self._semaphore = asyncio.BoundedSemaphore(value)
-
-    def acquire(self) -> bool:
-        """Inside a greenlet: let the loop run until a place is free."""
-        return wait_for(self._semaphore.acquire())
-
-    def release(self) -> None:
-        self._semaphore.release()
-
-
-class _LoopPipeline(CommitPipeline):
-    """The pipelined commit on the loop: each Kafka commit runs in a task (a greenlet of its own)."""
-
-    def __init__(self, max_in_flight: int, slow_commit_s: float) -> None:
-        super().__init__(max_in_flight, slow_commit_s)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
-        self._executor = None
-        self._places = cast("threading.BoundedSemaphore", _LoopSemaphore(max_in_flight))
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    def _new_event(self) -> _LoopEvent:
-        return _LoopEvent()
-
-    def _spawn(self, run: Callable[[], None]) -> None:
-        task = asyncio.ensure_future(in_greenlet(run))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-
-class _GreenletAdmin:
-    """The :class:`~kafka2pc.TransactionAdmin` calls the pool settles orphans with, answered by an async admin."""
-
-    def __init__(self, admin: AsyncTransactionAdmin) -> None:
-        self._admin = admin
-
-    def complete_transaction(
-        self, transactional_id: str, state: PreparedTxnState, *, fence: bool = True,
-        on_heuristic: Literal["raise", "report"] = "raise",
-    ) -> Settlement:
-        return wait_for(self._admin.complete_transaction(
-            transactional_id, state, fence=fence, on_heuristic=on_heuristic))
-
-    def force_terminate_transaction(self, transactional_id: str) -> TransactionDescription | None:
-        return wait_for(self._admin.force_terminate_transaction(transactional_id))
-
-
-class _LoopAdmins(_Admins):
-    """One :class:`~kafka2pc.aio.AsyncTransactionAdmin` (one thread) per settling task."""
-
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
-        self._by_task: dict[asyncio.Task[Any] | None, AsyncTransactionAdmin] = {}
-
-    def get(self) -> TransactionAdmin:
-        task = asyncio.current_task()
-        admin = self._by_task.get(task)
-        if admin is None:
-            admin = self._by_task[task] = AsyncTransactionAdmin(self._config)
-        return cast("TransactionAdmin", _GreenletAdmin(admin))
-
-    def close(self) -> None:
-        admins, self._by_task = list(self._by_task.values()), {}
-        for admin in admins:
-            wait_for(admin.close())
-
-
-class _LoopPool(WriterPool):
-    """The sync pool, unchanged, with its waits answered by the event loop (see the module docstring)."""
-
-    _tasks: list[asyncio.Task[None]]
-
-    def _new_writer(self, tid: str) -> DualWriter:
-        writer = _LoopWriter(self._engine, {**self._config, "transactional.id": tid},
-                             state_table=self._state_table, **self._writer_options)
-        writer._step_observers = self._step_observers
-        return writer
-
-    def _new_condition(self) -> threading.Condition:
-        return cast("threading.Condition", _LoopCondition())
-
-    def _new_event(self) -> threading.Event:
-        return cast("threading.Event", _LoopEvent())
-
-    def _new_admins(self) -> _Admins:
-        return _LoopAdmins(self._config)
-
-    def _new_pipeline(self, max_in_flight: int, slow_commit_s: float) -> CommitPipeline:
-        return _LoopPipeline(max_in_flight, slow_commit_s)
-
-    def _start_background(self) -> None:
-        self._tasks = [
-            asyncio.ensure_future(in_greenlet(loop)) for loop in (self._renew_loop, self._orphan_loop)
-        ]
-
-    def _join_background(self, deadline: float) -> None:
-        tasks = getattr(self, "_tasks", [])
-        if not tasks:
-            return
-        _, pending = wait_for(asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic())))
-        for task in pending:
-            logger.warning("pool %r: a background task did not end in time: cancelling it", self._prefix)
-            task.cancel()
-
-    def _settle_each(self, leases: list[Lease], admins: _Admins) -> list[RecoveryResult | None]:
-        if len(leases) == 1 or self._settle_parallelism == 1:
-            return [self._settle_one(lease, admins) for lease in leases]
-        found: list[RecoveryResult | None] = [None] * len(leases)
-        todo = iter(enumerate(leases))
-
-        async def settler() -> None:
-            for i, lease in todo:  # the settlers share one iterator: each lease is settled once
-                found[i] = await in_greenlet(self._settle_one, lease, admins)
-
-        n = min(self._settle_parallelism, len(leases))
-        errors = wait_for(asyncio.gather(*(settler() for _ in range(n)), return_exceptions=True))
-        for error in errors:  # as the sync pool's executor: every settler ends, then the first error is raised
-            if isinstance(error, BaseException):
-                raise error
-        return found
 
 
 class AsyncWriterPool:
@@ -287,13 +89,13 @@ class AsyncWriterPool:
         prefix: str,
         size: int,
         max_slots: int | None = None,
-        lease_s: float = 15.0,
+        lease_s: float = DEFAULT_LEASE_S,
         scan_every_s: float | None = None,
-        acquire_timeout_s: float = 30.0,
-        settle_parallelism: int = 8,
+        acquire_timeout_s: float = DEFAULT_ACQUIRE_TIMEOUT_S,
+        settle_parallelism: int = DEFAULT_SETTLE_PARALLELISM,
         pipelined: bool = False,
         max_in_flight: int | None = None,
-        slow_commit_s: float = 1.0,
+        slow_commit_s: float = DEFAULT_SLOW_COMMIT_S,
         state_table: sa.Table | None = None,
         lease_table: sa.Table | None = None,
         owner: str | None = None,
@@ -303,8 +105,10 @@ class AsyncWriterPool:
         on_step: StepHook | None = None,
         start: bool = True,
         lock_timeout_ms: int | None = None,
+        options: WriterOptions | None = None,
     ) -> None:
-        """As the class documents; ``lock_timeout_ms`` is the deprecated spelling of ``lock_timeout_s``."""
+        """As the class documents; ``lock_timeout_ms`` is the deprecated spelling of ``lock_timeout_s``;
+        ``options`` gives the writers' settings as one value (instead of their keywords)."""
         lock_timeout_s = seconds_from_ms("AsyncWriterPool", "lock_timeout_ms", lock_timeout_ms,
                                          "lock_timeout_s", lock_timeout_s)
         if not isinstance(engine, AsyncEngine):
@@ -312,16 +116,18 @@ class AsyncWriterPool:
                 f"AsyncWriterPool takes an AsyncEngine (sqlalchemy.ext.asyncio.create_async_engine), not "
                 f"{type(engine).__name__}; use WriterPool with a sync Engine"
             )
+        options = options_from(options, retain_records=retain_records, lock_timeout_s=lock_timeout_s,
+                               kafka_timeout_s=kafka_timeout_s, on_step=on_step)
         self._engine = engine
-        self._sync = _LoopPool(
-            engine.sync_engine, producer_config, prefix=prefix, size=size, max_slots=max_slots, lease_s=lease_s,
-            scan_every_s=scan_every_s, acquire_timeout_s=acquire_timeout_s, settle_parallelism=settle_parallelism,
-            pipelined=pipelined, max_in_flight=max_in_flight, slow_commit_s=slow_commit_s,
-            state_table=state_table, lease_table=lease_table, owner=owner, retain_records=retain_records,
-            lock_timeout_s=lock_timeout_s, kafka_timeout_s=kafka_timeout_s, on_step=on_step, start=False,
+        self._sync = pool_on(
+            EVENT_LOOP, engine.sync_engine, producer_config,
+            PoolShape(prefix, size, max_slots, lease_s, scan_every_s, acquire_timeout_s, settle_parallelism,
+                      pipelined, max_in_flight, slow_commit_s, owner),
+            options, state_table=state_table, lease_table=lease_table,
         )
         self._auto_start = start
         self._starting = asyncio.Lock()
+        self._forks = forks_seen()
 
     # -- introspection ---------------------------------------------------------------
     @property
@@ -359,9 +165,34 @@ class AsyncWriterPool:
         """The state table the pool's writers use."""
         return self._sync.state_table
 
+    @property
+    def state(self) -> PoolState:
+        """Where the pool is in its life cycle: new, starting, running or closed."""
+        return self._sync.state
+
+    @property
+    def options(self) -> WriterOptions:
+        """How the pool's writers run (``lock_timeout_s`` filled in with the pool's default)."""
+        return self._sync.options
+
     def metrics(self) -> PoolMetrics:
         """A snapshot of the pool (no I/O), as :meth:`WriterPool.metrics`."""
         return self._sync.metrics()
+
+    events: ClassVar[frozenset[str]] = EVENTS
+    """The events listeners may attach to (see :meth:`add_listener`)."""
+
+    def add_listener(self, event: str, fn: StepListener) -> None:
+        """Call ``fn(writer, step)`` at every :class:`Step` any writer of this pool reaches (``event="step"``).
+
+        As :meth:`WriterPool.add_listener`; listeners run on the loop's
+        thread, so they must not block.
+        """
+        self._sync.add_listener(event, fn)
+
+    def remove_listener(self, event: str, fn: StepListener) -> None:
+        """Detach a listener :meth:`add_listener` attached (:class:`~kafka2pc.UsageError` if it was not)."""
+        self._sync.remove_listener(event, fn)
 
     async def leases(self) -> list[Lease]:
         """Every lease of the pool as the database has it (one query)."""
@@ -378,8 +209,14 @@ class AsyncWriterPool:
         Idempotent.  The renewal and the orphan scan run as tasks of the
         running loop; the first orphan scan starts at once.
         """
-        async with self._starting:
+        async with self._start_lock():
             await run_to_completion(self._sync.start)
+
+    def _start_lock(self) -> asyncio.Lock:
+        """The lock serialising :meth:`start` (a new one in a forked child: the parent's belongs to its loop)."""
+        if self._forks != forks_seen():
+            self._starting, self._forks = asyncio.Lock(), forks_seen()
+        return self._starting
 
     async def close(self, timeout: float | None = None) -> None:
         """Drain the pipelined commits, give the leases back (as :meth:`WriterPool.close`), stop the background tasks.
@@ -419,7 +256,7 @@ class AsyncWriterPool:
         :meth:`wait_visible`) waits until ``read_committed`` readers see the records.
         """
         target = _sync_target(bind)
-        if not self._sync._started and not self._sync._closed:
+        if self._sync.state is PoolState.NEW:
             if not self._auto_start:
                 raise IllegalStateError(f"pool {self.prefix!r} was made with start=False: await start() first")
             await self.start()

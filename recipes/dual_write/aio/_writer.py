@@ -4,30 +4,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from kafka2pc import IllegalStateError, PreparedTxnState, UsageError
+from kafka2pc import ForkedProcessError, IllegalStateError, PreparedTxnState, UsageError
 from kafka2pc._deprecation import deprecated_property, seconds_from_ms
 from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 
 from .._async_handle import AsyncTransactionHandle
+from .._events import EVENTS, StepListener
 from .._handle import DualWriteTransaction
 from .._lifecycle import WriterState
+from .._options import DEFAULT_QUEUE_FULL_TIMEOUT_S, DEFAULT_SETTLE_ATTEMPTS, WriterOptions, options_from
+from .._runtime import forks_seen
 from .._schema import create_state_table
 from .._values import DualWriteMetrics, OnHeuristic, RecoveryResult, StepHook, heuristic_flags
-from .._writer import DualWriter
-from ._bridge import OffLoop, OffLoopTopicCheck, _GreenletProducer, in_greenlet, run_to_completion, wait_for
+from .._writer import writer_on
+from ._bridge import _GreenletProducer, in_greenlet, run_to_completion
+from ._runtime import EVENT_LOOP
 
 if TYPE_CHECKING:
     from typing_extensions import Self
-
-    from kafka2pc import TwoPhaseCommitProducer
 
 __all__ = ["AsyncBind", "AsyncDualWriteTransaction", "AsyncDualWriter", "recover_all", "run_scope"]
 
@@ -37,26 +40,6 @@ _T = TypeVar("_T")
 
 AsyncBind = AsyncSession | AsyncConnection
 """What :meth:`AsyncDualWriter.transaction` runs on: an ``AsyncSession`` or an ``AsyncConnection``."""
-
-
-class _LoopWriter(DualWriter):
-    """The sync recipe, unchanged, with its waits on Kafka answered by the event loop (see ``_bridge.py``)."""
-
-    def __init__(self, engine: sa.Engine, producer_config: Mapping[str, Any], **options: Any) -> None:
-        super().__init__(engine, producer_config, **options)
-        self._off_loop = OffLoop(f"kafka2pc-aio-dw-{self.transactional_id}")
-        self._topics = OffLoopTopicCheck(self._config, self._off_loop, self._topics._timeout_s)
-
-    def _new_producer(self) -> TwoPhaseCommitProducer:
-        # A full local queue raises at once: the recipe's own loop waits (poll = asyncio.sleep) up to its limit.
-        producer = AsyncTwoPhaseCommitProducer(self._config, queue_full_timeout_s=0.0)
-        return cast("TwoPhaseCommitProducer", _GreenletProducer(producer))
-
-    def _pause(self, seconds: float) -> None:
-        wait_for(asyncio.sleep(seconds))
-
-    def _blocking(self, call: Callable[[], _T]) -> _T:
-        return self._off_loop.run(call)
 
 
 class AsyncDualWriteTransaction(AsyncTransactionHandle):
@@ -126,12 +109,14 @@ class AsyncDualWriter:
         retain_records: bool = False,
         lock_timeout_s: float | None = None,
         on_step: StepHook | None = None,
-        settle_attempts: int = 5,
-        queue_full_timeout_s: float = 60.0,
+        settle_attempts: int = DEFAULT_SETTLE_ATTEMPTS,
+        queue_full_timeout_s: float = DEFAULT_QUEUE_FULL_TIMEOUT_S,
         kafka_timeout_s: float | None = None,
         lock_timeout_ms: int | None = None,
+        options: WriterOptions | None = None,
     ) -> None:
-        """As :class:`DualWriter`; ``lock_timeout_ms`` is the deprecated spelling of ``lock_timeout_s``."""
+        """As :class:`DualWriter`; ``lock_timeout_ms`` is the deprecated spelling of ``lock_timeout_s``;
+        ``options`` gives the settings as one value (instead of the keywords)."""
         lock_timeout_s = seconds_from_ms("AsyncDualWriter", "lock_timeout_ms", lock_timeout_ms,
                                          "lock_timeout_s", lock_timeout_s)
         if not isinstance(engine, AsyncEngine):
@@ -139,15 +124,16 @@ class AsyncDualWriter:
                 f"AsyncDualWriter takes an AsyncEngine (sqlalchemy.ext.asyncio.create_async_engine), not "
                 f"{type(engine).__name__}; use DualWriter with a sync Engine"
             )
+        options = options_from(options, retain_records=retain_records, lock_timeout_s=lock_timeout_s,
+                               on_step=on_step, settle_attempts=settle_attempts,
+                               queue_full_timeout_s=queue_full_timeout_s, kafka_timeout_s=kafka_timeout_s)
         self._engine = engine
-        self._sync = _LoopWriter(
-            engine.sync_engine, producer_config, state_table=state_table, outbox_table=outbox_table,
-            retain_records=retain_records, lock_timeout_s=lock_timeout_s, on_step=on_step,
-            settle_attempts=settle_attempts, queue_full_timeout_s=queue_full_timeout_s,
-            kafka_timeout_s=kafka_timeout_s,
-        )
+        self._sync = writer_on(EVENT_LOOP, engine.sync_engine, producer_config, options,
+                               state_table=state_table, outbox_table=outbox_table)
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
+        self._pid = os.getpid()
+        self._forks = forks_seen()
 
     # -- introspection -------------------------------------------------------------
     @property
@@ -196,6 +182,26 @@ class AsyncDualWriter:
     def metrics(self) -> DualWriteMetrics:
         """A snapshot of this writer's gauges and counters (no I/O)."""
         return self._sync.metrics()
+
+    @property
+    def options(self) -> WriterOptions:
+        """How this writer runs (its constructor's options as one value)."""
+        return self._sync.options
+
+    events: ClassVar[frozenset[str]] = EVENTS
+    """The events listeners may attach to (see :meth:`add_listener`)."""
+
+    def add_listener(self, event: str, fn: StepListener) -> None:
+        """Call ``fn(writer, step)`` at every :class:`Step` (``event="step"``), as :meth:`DualWriter.add_listener`.
+
+        ``writer`` is the :class:`DualWriter` running this writer's code on
+        the loop; listeners run on the loop's thread, so they must not block.
+        """
+        self._sync.add_listener(event, fn)
+
+    def remove_listener(self, event: str, fn: StepListener) -> None:
+        """Detach a listener :meth:`add_listener` attached (:class:`~kafka2pc.UsageError` if it was not)."""
+        self._sync.remove_listener(event, fn)
 
     async def create_tables(self) -> None:
         """Create the state (and outbox) table if missing: a convenience for scripts and tests."""
@@ -273,6 +279,12 @@ class AsyncDualWriter:
 
     @asynccontextmanager
     async def _exclusive(self) -> AsyncIterator[None]:
+        if self._forks != forks_seen():  # before the lock: it belongs to the parent's loop
+            raise ForkedProcessError(
+                f"{self.transactional_id!r}: this AsyncDualWriter was made in process {self._pid} and is used in "
+                f"its forked child {os.getpid()}: make it in the child (gunicorn's post_fork, uvicorn's lifespan), "
+                "or use an AsyncWriterPool, which remakes itself in the child", pid=self._pid,
+            )
         task = asyncio.current_task()
         if task is not None and task is self._holder:
             raise IllegalStateError(f"{self.transactional_id!r}: transaction() and recover() cannot be nested")

@@ -153,19 +153,19 @@ def test_a_task_cancelled_while_waiting_for_a_slot_leaves_nothing_held(
     pg_url: str, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One slot: a second task waits for it and is cancelled; once the first ends the slot is free again."""
-    from kafka2pc.recipes.dual_write.aio import _pool as aio_pool
+    from kafka2pc.recipes.dual_write.aio import _runtime as aio_runtime
 
     sync_engine = _setup(pg_url)
     topic = create_topic(kafka_bootstrap)
     prefix = _prefix("cancel")
     waits_entered = asyncio.Event()
-    wait = aio_pool._LoopCondition.wait  # noqa: SLF001 - observed, not changed: when a task starts waiting
+    wait = aio_runtime._LoopCondition.wait  # noqa: SLF001 - observed, not changed: when a task starts waiting
 
     def observed_wait(self: Any, timeout: float | None = None) -> bool:
         waits_entered.set()
         return wait(self, timeout)
 
-    monkeypatch.setattr(aio_pool._LoopCondition, "wait", observed_wait)  # noqa: SLF001
+    monkeypatch.setattr(aio_runtime._LoopCondition, "wait", observed_wait)  # noqa: SLF001
 
     async def scenario() -> Any:
         engine = _async_engine(pg_url)

@@ -349,3 +349,37 @@ def test_an_operator_force_terminating_a_live_transaction(
         assert not problems, problems
         assert rows == records == (3 if committed_in_db else 2)
     engine.dispose()
+
+
+def test_concurrent_first_starts_start_one_set_of_background_threads(db_url: str, kafka_bootstrap: str) -> None:
+    # 32 threads making their first request at once (a Django or gunicorn worker's first burst):
+    # one of them records the ids and starts the loops; the others wait for it, then return.
+    engine = _engine(db_url)
+    prefix = _prefix("start")
+    pool = WriterPool(engine, {"bootstrap.servers": kafka_bootstrap}, prefix=prefix, size=4, start=False)
+    assert pool.state.value == "new"
+    barrier = threading.Barrier(32)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            barrier.wait()
+            pool.start()
+            assert pool.state.value == "running"  # returns only once the pool is started
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert not errors, errors
+        names = [t.name for t in threading.enumerate() if t.name.endswith(f"-{prefix}")]
+        assert sorted(names) == [f"k2pc-pool-orphans-{prefix}", f"k2pc-pool-renew-{prefix}"], names
+        assert len(pool.leases()) == 4
+    finally:
+        pool.close()
+    assert pool.state.value == "closed"
+    engine.dispose()
