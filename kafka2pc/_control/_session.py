@@ -34,7 +34,7 @@ from kafka2pc._control._retry import (
 )
 from kafka2pc._errors import WireError, translate_kafka_python_error
 from kafka2pc._exceptions import Kafka2pcError, UsageError
-from kafka2pc._fork import ForkGuard
+from kafka2pc._fork import ForkGuard, abandon
 from kafka2pc._logging import quiet_kafka_python
 from kafka2pc._types import TopicPartition
 
@@ -124,12 +124,20 @@ class Session:
         return self._timeout_s
 
     def close(self) -> None:
-        """Close the connections (idempotent)."""
+        """Close the connections (idempotent).
+
+        In a child forked after the session was made, nothing is closed: the
+        inherited client (whose IO thread lives in the parent) is abandoned
+        to the parent (:func:`kafka2pc._fork.abandon`) and the call returns at once.
+        """
         with self._lock:
             self._closed = True
             admin, self._admin = self._admin, None
         if admin is not None:
-            admin.close()
+            if self._fork_guard.forked:
+                abandon(admin)
+            else:
+                admin.close()
 
     @contextlib.contextmanager
     def deadline(self, timeout_s: float | None) -> Iterator[Deadline]:
