@@ -166,7 +166,7 @@ class ForkedProcessError(UsageError):
 
     confluent-kafka's producers, SQLAlchemy's pooled connections and background threads do not
     survive a fork. An object that cannot be remade in the child raises this at its first use
-    there, at once, and sends nothing; make it after the fork instead (gunicorn's ``post_fork``,
+    there, at once, and sends nothing; make it after the fork instead (gunicorn's ``post_worker_init``,
     Celery's ``worker_process_init``, uWSGI's ``postfork``). ``pid`` is the process that made it.
     """
 

@@ -64,7 +64,7 @@ class ForkGuard:
             f"{self._what} was made in process {self._pid} and is used in process {os.getpid()}, a child "
             f"forked after it was made: its connections and threads did not survive the fork, and a new "
             f"instance would fence the parent's. Nothing was sent. Create it after the fork, in the process "
-            f"that uses it (gunicorn's post_fork hook, Celery's worker_process_init signal, uWSGI's postfork)",
+            f"that uses it (gunicorn's post_worker_init hook, Celery's worker_process_init signal, uWSGI's postfork)",
             pid=self._pid,
         )
 

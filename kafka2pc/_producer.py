@@ -94,7 +94,7 @@ class TwoPhaseCommitProducer:
     made, every method raises :class:`ForkedProcessError` at once, before
     anything is sent (a new instance in the child would fence the parent's,
     so it cannot be remade behind your back).  Make the producer after the
-    fork (gunicorn's ``post_fork``, Celery's ``worker_process_init``);
+    fork (gunicorn's ``post_worker_init``, Celery's ``worker_process_init``);
     :meth:`close` in the child returns at once and leaves the parent's
     producer alone.
 

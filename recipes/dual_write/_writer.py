@@ -149,7 +149,7 @@ class DualWriter:
             f"{self._core.tid!r}: this DualWriter was made in process {self._pid} and is used in its forked child "
             f"{os.getpid()}: its producer and connections do not survive a fork, and its transactional id is "
             "one process's (two children cannot both use it). Make the writer after the fork (gunicorn's "
-            "post_fork, Celery's worker_process_init, uWSGI's postfork), or use a WriterPool, which remakes "
+            "post_worker_init, Celery's worker_process_init, uWSGI's postfork), or use a WriterPool, which remakes "
             "itself in the child", pid=self._pid,
         )
 

@@ -52,7 +52,7 @@ def assert_refused_at_once(seen: dict[str, Any], calls: list[str]) -> None:
         assert seen[name]["pid"] == os.getpid(), (name, seen[name])
         message = seen[name]["message"]
         assert f"made in process {os.getpid()}" in message and "forked" in message, message
-        assert "post_fork" in message and "worker_process_init" in message, message
+        assert "post_worker_init" in message and "worker_process_init" in message, message
         assert seen[name]["seconds"] < 1.0, (name, seen[name])
     assert seen["close_seconds"] < 1.0, seen
 

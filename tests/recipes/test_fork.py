@@ -189,7 +189,7 @@ def test_a_writer_made_before_a_fork_refuses_each_child_at_once(
     try:
         assert [r["outcome"] for r in reports] == ["forked", "forked"], reports
         assert all(r["pid"] == os.getpid() and r["elapsed"] < AT_ONCE_S for r in reports), reports
-        assert "post_fork" in reports[0]["message"]
+        assert "post_worker_init" in reports[0]["message"]
         _sync_write(writer, engine, topic, f"{series}:parent:1")
     finally:
         writer.close()

@@ -282,7 +282,7 @@ class AsyncDualWriter:
         if self._forks != forks_seen():  # before the lock: it belongs to the parent's loop
             raise ForkedProcessError(
                 f"{self.transactional_id!r}: this AsyncDualWriter was made in process {self._pid} and is used in "
-                f"its forked child {os.getpid()}: make it in the child (gunicorn's post_fork, uvicorn's lifespan), "
+                f"its forked child {os.getpid()}: make it in the child (gunicorn's post_worker_init, uvicorn's lifespan), "
                 "or use an AsyncWriterPool, which remakes itself in the child", pid=self._pid,
             )
         task = asyncio.current_task()
