@@ -42,7 +42,7 @@ except ImportError as exc:
     raise missing_extra(exc, extra="django", feature="kafka2pc.recipes.django") from exc
 
 __all__ = [
-    "AsyncDualWrite",
+    "AsyncDualWriteTransaction",
     "ConfigurationError",
     "MigrationMissingError",
     "NestedAtomicError",
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "AsyncDualWrite": "._write",
+    "AsyncDualWriteTransaction": "._write",
     "NestedAtomicError": "._write",
     "adual_write": "._write",
     "dual_write": "._write",
@@ -67,16 +67,21 @@ if TYPE_CHECKING:
     from ._recover import recover
     from ._runtime import MigrationMissingError, close
     from ._settings import ConfigurationError
-    from ._write import AsyncDualWrite, NestedAtomicError, adual_write, dual_write
+    from ._write import AsyncDualWriteTransaction, NestedAtomicError, adual_write, dual_write
 else:
 
     def __getattr__(name: str) -> Any:
         # Lazy: INSTALLED_APPS imports this package before Django's settings and apps are ready.
+        if name == "AsyncDualWrite":  # its 1.0 name
+            from kafka2pc._deprecation import renamed
+
+            renamed("kafka2pc.recipes.django.AsyncDualWrite", "kafka2pc.recipes.django.AsyncDualWriteTransaction")
+            name = "AsyncDualWriteTransaction"
         module = _LAZY.get(name)
         if module is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         import importlib
 
         value = getattr(importlib.import_module(module, __name__), name)
-        globals()[name] = value
+        globals()[name] = value  # the deprecated name is never cached: each access warns
         return value

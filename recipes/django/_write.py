@@ -25,6 +25,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from sqlalchemy.orm import Session
 
 from kafka2pc import UsageError
+from kafka2pc._deprecation import deprecated_property
 
 from ..dual_write import DualWriteTransaction, TransactionMisuseError
 from ..dual_write._async_handle import AsyncTransactionHandle
@@ -33,7 +34,7 @@ from ._errors import to_django
 from ._guard import StatementGuard, guard_other_aliases
 from ._runtime import AliasRuntime, runtime_for
 
-__all__ = ["AsyncDualWrite", "NestedAtomicError", "adual_write", "dual_write", "in_test_case"]
+__all__ = ["AsyncDualWriteTransaction", "NestedAtomicError", "adual_write", "dual_write", "in_test_case"]
 
 logger = logging.getLogger("kafka2pc.recipes.django")
 
@@ -223,8 +224,12 @@ def _in_test_case(runtime: AliasRuntime, alias: str) -> Iterator[Session]:
         yield session
 
 
-class AsyncDualWrite(AsyncTransactionHandle):
+class AsyncDualWriteTransaction(AsyncTransactionHandle):
     """The handle ``adual_write()`` yields: :class:`DualWriteTransaction`'s methods as coroutines.
+
+    The Django twin of :class:`kafka2pc.recipes.dual_write.aio.AsyncDualWriteTransaction`, under the same
+    name; its :attr:`connection` is the block's sync connection (Django's own), since the block's database
+    work runs in Django's thread.  ``AsyncDualWrite`` is its deprecated name.
 
     Each call runs in Django's thread-sensitive executor thread, the thread
     where the block's transaction (and Django's async ORM calls) run.
@@ -236,9 +241,11 @@ class AsyncDualWrite(AsyncTransactionHandle):
         await sync_to_async(call, thread_sensitive=True)()
 
     @property
-    def sync(self) -> DualWriteTransaction:
+    def sync_transaction(self) -> DualWriteTransaction:
         """The synchronous handle (for code already running in the block's thread)."""
         return self._handle
+
+    sync = deprecated_property("sync", "sync_transaction", lambda self: self._handle)
 
     @property
     def connection(self) -> Any:
@@ -247,7 +254,7 @@ class AsyncDualWrite(AsyncTransactionHandle):
 
 
 @asynccontextmanager
-async def adual_write(using: str | None = None) -> AsyncIterator[AsyncDualWrite]:
+async def adual_write(using: str | None = None) -> AsyncIterator[AsyncDualWriteTransaction]:
     """:func:`dual_write` for async views: ``async with adual_write() as tx``.
 
     Django runs transactions only in synchronous code, so the block's
@@ -280,7 +287,7 @@ async def adual_write(using: str | None = None) -> AsyncIterator[AsyncDualWrite]
             await _finish_in_background(_undo_entry(enter, manager, exc))
         raise
     try:
-        yield AsyncDualWrite(tx)
+        yield AsyncDualWriteTransaction(tx)
     except BaseException as exc:
         end = asyncio.ensure_future(
             sync_to_async(manager.__exit__, thread_sensitive=True)(type(exc), exc, exc.__traceback__))

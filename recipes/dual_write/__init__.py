@@ -67,7 +67,7 @@ See ``docs/dual-write.md`` for the failure analysis and the metrics.
 
 from typing import TYPE_CHECKING, Any
 
-from kafka2pc import UnknownTopicError
+from kafka2pc import OnHeuristic, UnknownTopicError
 from kafka2pc._deprecation import renamed
 from kafka2pc._extras import missing_extra
 
@@ -95,7 +95,6 @@ from ._store import MySQLStore, PostgresStore, RowLockStore, SQLiteStore, StateS
 from ._values import (
     DualWriteMetrics,
     MissingTableError,
-    OnHeuristic,
     RecoveryResult,
     StateRowLockedError,
     Step,

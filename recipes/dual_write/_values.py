@@ -6,7 +6,7 @@ import enum
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -15,18 +15,6 @@ from kafka2pc import Kafka2pcError, PreparedTxnState, UsageError
 if TYPE_CHECKING:
     from kafka2pc import Decision, Settlement
 
-OnHeuristic = Literal["raise", "report", "acknowledge"]
-"""What :meth:`DualWriter.recover` does when Kafka aborted the transaction the database committed.
-
-``"raise"`` (default): log it and raise :class:`~kafka2pc.HeuristicOutcomeError`;
-the stored state stays, so every recovery finds it again.  ``"report"``: the
-same, but return it in :attr:`RecoveryResult.heuristic` instead of raising.
-``"acknowledge"``: log its details once more (at ERROR, for the operators'
-records), clear the stored state and return it with
-:attr:`RecoveryResult.acknowledged`; later recoveries start clean.  With
-``retain_records=True`` the records are re-published instead, whichever is
-chosen.
-"""
 
 _ON_HEURISTIC = ("raise", "report", "acknowledge")
 

@@ -18,6 +18,7 @@ from kafka2pc import (
     ForkedProcessError,
     IllegalStateError,
     Kafka2pcError,
+    OnHeuristic,
     PreparedTxnState,
     ProducerFencedError,
     TxnState,
@@ -41,7 +42,6 @@ from ._settle import Settler
 from ._store import TakenOver, locked
 from ._values import (
     DualWriteMetrics,
-    OnHeuristic,
     RecoveryResult,
     Step,
     StepHook,

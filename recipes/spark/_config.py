@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kafka2pc import UsageError
+from kafka2pc import TransactionAdmin, UsageError
 
 DELIVERY_REPORTS_CONFIG = "kafka2pc.delivery.reports"
 """The producer setting choosing which delivery reports reach Python (see :class:`kafka2pc.TwoPhaseCommitProducer`)."""
@@ -56,7 +56,7 @@ def default_transaction_timeout_ms(limit_ms: int | None) -> int:
     the broker's ``transaction.max.timeout.ms`` within librdkafka's limit
     (above 2**31 µs librdkafka's request deadlines wrap around).
     """
-    return limit_ms if limit_ms else 900_000
+    return limit_ms if limit_ms else TransactionAdmin.DEFAULT_MAX_TRANSACTION_TIMEOUT_MS
 
 
 def executor_config(config: Mapping[str, Any], txn_timeout_ms: int | None) -> dict[str, Any]:

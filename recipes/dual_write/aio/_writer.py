@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from kafka2pc import ForkedProcessError, IllegalStateError, PreparedTxnState, UsageError
+from kafka2pc import ForkedProcessError, IllegalStateError, OnHeuristic, PreparedTxnState, UsageError
 from kafka2pc._deprecation import deprecated_property, seconds_from_ms
 from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 
@@ -24,7 +24,7 @@ from .._lifecycle import WriterState
 from .._options import DEFAULT_QUEUE_FULL_TIMEOUT_S, DEFAULT_SETTLE_ATTEMPTS, WriterOptions, options_from
 from .._runtime import forks_seen
 from .._schema import create_state_table
-from .._values import DualWriteMetrics, OnHeuristic, RecoveryResult, StepHook, heuristic_flags
+from .._values import DualWriteMetrics, RecoveryResult, StepHook, heuristic_flags
 from .._writer import writer_on
 from ._bridge import _GreenletProducer, in_greenlet, run_to_completion
 from ._runtime import EVENT_LOOP
@@ -282,8 +282,8 @@ class AsyncDualWriter:
         if self._forks != forks_seen():  # before the lock: it belongs to the parent's loop
             raise ForkedProcessError(
                 f"{self.transactional_id!r}: this AsyncDualWriter was made in process {self._pid} and is used in "
-                f"its forked child {os.getpid()}: make it in the child (gunicorn's post_worker_init, uvicorn's lifespan), "
-                "or use an AsyncWriterPool, which remakes itself in the child", pid=self._pid,
+                f"its forked child {os.getpid()}: make it in the child (gunicorn's post_worker_init, uvicorn's "
+                "lifespan), or use an AsyncWriterPool, which remakes itself in the child", pid=self._pid,
             )
         task = asyncio.current_task()
         if task is not None and task is self._holder:
