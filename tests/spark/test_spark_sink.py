@@ -58,6 +58,25 @@ class UpTo:
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the Connect server cannot import this module
 
 
+#: Spark starts a foreachBatch function's Python worker when its query starts, and waits 10 s for the worker to
+#: connect back (a constant of PythonWorkerFactory, not a setting). A Connect server's worker imports PySpark's
+#: Connect client first; on a loaded 2-core CI machine that has taken longer. Nothing ran then: the query had
+#: not started, no batch had been handed to the sink. The start is tried again, at most this many times.
+WORKER_START_ATTEMPTS = 3
+
+
+def start_query(writer: Any) -> Any:
+    """``writer.start()``, tried again when Spark gave up waiting for the foreachBatch worker to start."""
+    for attempt in range(1, WORKER_START_ATTEMPTS + 1):
+        try:
+            return writer.start()
+        except Exception as exc:
+            if "Python worker failed to connect back" not in str(exc) or attempt == WORKER_START_ATTEMPTS:
+                raise
+            print(f"the foreachBatch worker did not connect back within Spark's 10 s (attempt {attempt}): starting again")
+    raise AssertionError("unreachable")
+
+
 def last_batch_done(query: Any) -> int:
     """The id of the newest batch the query finished (``-1`` before the first)."""
     progress = query.lastProgress
@@ -70,12 +89,11 @@ def run_rate_query(
     spark: SparkSession, sink: Callable[[Any, int], None], checkpoint: Path, rows: int, last_batch: int
 ) -> None:
     """Stream ``rate-micro-batch`` rows (values 0, 1, ...) through ``sink`` for batches 0..last_batch."""
-    query = (
+    query = start_query(
         spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows).option("numPartitions", 2).load()
         .selectExpr("CAST(value AS STRING) AS value")
         .writeStream.foreachBatch(UpTo(sink, last_batch))
         .option("checkpointLocation", str(checkpoint))
-        .start()
     )
     try:
         deadline = time.monotonic() + 180
@@ -284,10 +302,10 @@ def test_on_connect_the_sink_is_told_the_checkpoint_location(
 ) -> None:
     """Spark Connect's foreachBatch worker is not told its query: without checkpoint_location the query fails, naming it."""
     sink = KafkaTwoPhaseSink({"bootstrap.servers": kafka_bootstrap}, topic="t")
-    query = (
+    query = start_query(
         spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
         .selectExpr("CAST(value AS STRING) AS value")
-        .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "chk")).start()
+        .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "chk"))
     )
     try:
         with pytest.raises(Exception, match=r"UsageError: on Spark Connect the foreachBatch worker is not told its "

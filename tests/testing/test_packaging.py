@@ -54,7 +54,7 @@ def test_core_requirements_are_lean() -> None:
     assert names == ["confluent-kafka", "kafka-python"]
     extras = set(metadata.metadata("kafka2pc").get_all("Provides-Extra") or [])
     # What working on kafka2pc needs (pytest, mkdocs, mypy...) is in dependency groups, not published extras.
-    assert extras == {"sql", "postgres", "mysql", "cli", "spark", "otel", "aio", "django"}
+    assert extras == {"sql", "postgres", "mysql", "cli", "spark", "spark-connect", "otel", "aio", "django"}
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ from harness.procs import REPO, child_env
 
 from kafka2pc.testing import drain, end_offsets, settled_end_offsets
 from kafka2pc.testing.broker import port_base
+from kafka2pc.testing.postgres import fresh_database
 
 TASKS = 120
 KILLS = 3
@@ -75,15 +76,23 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
             proc.wait(10)
 
 
+@pytest.fixture
+def orders_url() -> Iterator[str]:
+    """A PostgreSQL database of the test's own: the example's ``orders`` table is the example's name, which the
+    session's shared database may hold for another test."""
+    with fresh_database() as url:
+        yield url
+
+
 def test_celery_prefork_worker_killed_mid_task_keeps_each_order_once(
-    redis_url: str, pg_url: str, kafka_bootstrap: str, topic_factory, tmp_path: Path, seed: int,
+    redis_url: str, orders_url: str, kafka_bootstrap: str, topic_factory, tmp_path: Path, seed: int,
 ) -> None:
     from celery import Celery
 
     rng = random.Random(seed)
     topic = topic_factory(partitions=3)
     prefix = f"celery-{tmp_path.name[-24:]}"
-    env = child_env(ORDERS_DATABASE_URL=pg_url, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, CELERY_BROKER_URL=redis_url,
+    env = child_env(ORDERS_DATABASE_URL=orders_url, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, CELERY_BROKER_URL=redis_url,
                     ORDERS_TOPIC=topic, ORDERS_POOL_PREFIX=prefix, ORDERS_POOL_SIZE="8", ORDERS_LEASE_S=str(LEASE_S))
     log = tmp_path / "worker.log"
     with log.open("w") as out:
@@ -114,7 +123,7 @@ def test_celery_prefork_worker_killed_mid_task_keeps_each_order_once(
         outcomes = Counter(r.get(timeout=180, propagate=True) for r in results)
         assert sum(outcomes.values()) == TASKS, outcomes
         # Every order once in the database and once among the read_committed events, and nothing else.
-        engine = sa.create_engine(pg_url)
+        engine = sa.create_engine(orders_url)
         try:
             with engine.connect() as conn:
                 rows = set(conn.execute(sa.text("SELECT id FROM orders")).scalars())
