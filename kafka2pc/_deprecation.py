@@ -71,7 +71,6 @@ RENAMED_MEMBERS: tuple[tuple[str, str, str], ...] = (
     ("kafka2pc.aio.StallReport.max_stall", "max_stall_s", "same unit"),
     ("kafka2pc.aio.StallReport.percentile()", "percentile_s()", "same unit"),
     ("kafka2pc.recipes.dual_write.DualWriter.status", "state", "same value"),
-    ("kafka2pc.recipes.django.AsyncDualWriteTransaction.sync", "sync_transaction", "same object"),
     ("kafka2pc.recipes.dual_write.aio.AsyncDualWriter.status", "state", "same value"),
     ("kafka2pc.recipes.spark.SinkDecision.created_ms", "created_s", "seconds"),
 )

