@@ -22,7 +22,8 @@ SQLAlchemy is pinned per Python so that both supported lines are tested on purpo
 2.0.x on 3.10, 2.1.x on 3.13 (the full suite takes the newest, 2.1.x).
 
 The full suite runs on one Python (``./scripts/test.sh``, 3.11 in CI); CI runs this session on
-every other supported Python (3.10, 3.12, 3.13), so each of 3.10 to 3.13 is tested.  Interpreters are
+every other supported Python (3.10, 3.12, 3.13), so each of 3.10 to 3.13 is tested.  On 3.12, between
+the ends, the session runs the unit and packaging tests only (``UNIT_ONLY_PYTHONS``).  Interpreters are
 taken from ``$PATH`` or, when missing there, from pyenv (``~/.pyenv/versions``).
 Extra arguments go to pytest: ``nox -s tests-3.13 -- -x -k crash``.
 """
@@ -51,6 +52,10 @@ OTHER_BROKER_LINES = [  # what differs between broker lines is the broker, not t
                  "test_transaction_n_plus_1_is_aborted_when_the_database_kept_n")
     for line in ("previous", "legacy")
 ]
+
+UNIT_ONLY_PYTHONS = frozenset({"3.12"})
+"""The Pythons between the oldest and the newest: their session runs the unit and packaging tests only (the
+integration subset tests the interpreter's ends, 3.10 and 3.13, and the full suite 3.11)."""
 
 TEST_EXTRAS = "sql,postgres,mysql,cli,otel,aio,django"
 """The extras the ``test`` dependency group's tests import (scripts/setup.sh's GROUP_EXTRAS)."""
@@ -98,7 +103,8 @@ def tests(session: nox.Session) -> None:
         session.run("python", "-c", f"import django; v = django.__version__; print('Django', v); "
                     f"assert v.startswith('{low}.'), v")
     deselect = [arg for test in OTHER_BROKER_LINES for arg in ("--deselect", test)]
-    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *deselect, "tests/unit", *INTEGRATION_SUBSET,
+    subset = INTEGRATION_SUBSET if str(session.python) not in UNIT_ONLY_PYTHONS else ["tests/testing/test_packaging.py"]
+    session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *deselect, "tests/unit", *subset,
                 *session.posargs, env={"KAFKA2PC_CRASH_RACE_RUNS": "8", "KAFKA2PC_PROPERTY_EXAMPLES_SCALE": "0.1"})
 
 

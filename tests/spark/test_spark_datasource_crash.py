@@ -6,7 +6,8 @@ decision, after it and in the middle of its completion (and, in the
 third's), then run to the end through the data source PySpark registers by
 itself (``pyspark_kafka2pc``).  Batch: a job killed after its decision,
 rerun with the same run id (a further rerun after a committed run is
-test_spark_datasource.py's).  Between kills the test checks what a
+test_spark_datasource.py's; a ``campaign`` test, as CI kills the same batch
+job's Spark Connect server in test_spark_connect_crash.py).  Between kills the test checks what a
 read_committed reader may see; at the end that it sees every input row exactly
 once and that nothing is left hanging.  The kill points are the data source's
 ``_on_step`` test seam, which runs in the driver's commit worker.
@@ -66,6 +67,7 @@ def test_streaming_survives_driver_kills(
     assert_exactly_once(kafka_bootstrap, out, expected)
 
 
+@pytest.mark.campaign  # two driver lives, about 90 s; in CI the Spark Connect batch job is killed after its decision
 def test_batch_job_killed_after_its_decision_then_rerun(
     kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
