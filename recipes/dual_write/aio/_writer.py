@@ -174,7 +174,7 @@ class AsyncDualWriter:
                                on_step=on_step, settle_attempts=settle_attempts,
                                queue_full_timeout_s=queue_full_timeout_s, kafka_timeout_s=kafka_timeout_s)
         self._engine = engine
-        self._sync = writer_on(EVENT_LOOP, engine.sync_engine, producer_config, options,
+        self._sync, _ = writer_on(EVENT_LOOP, engine.sync_engine, producer_config, options,
                                state_table=state_table, outbox_table=outbox_table)
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
