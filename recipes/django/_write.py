@@ -24,11 +24,11 @@ import sqlalchemy as sa
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from sqlalchemy.orm import Session
 
-from kafka2pc import UsageError
+from kafka2pc import PreparedTxnState, UsageError
 from kafka2pc._deprecation import deprecated_property
 
 from ..dual_write import DualWriteTransaction, TransactionMisuseError
-from ..dual_write._async_handle import AsyncTransactionHandle
+from ..dual_write._async_handle import AsyncHandleCalls, Headers
 from ._engines import savepoint_block
 from ._errors import to_django
 from ._guard import StatementGuard, guard_other_aliases
@@ -224,7 +224,7 @@ def _in_test_case(runtime: AliasRuntime, alias: str) -> Iterator[Session]:
         yield session
 
 
-class AsyncDualWriteTransaction(AsyncTransactionHandle):
+class AsyncDualWriteTransaction:
     """The handle ``adual_write()`` yields: :class:`DualWriteTransaction`'s methods as coroutines.
 
     The Django twin of :class:`kafka2pc.recipes.dual_write.aio.AsyncDualWriteTransaction`, under the same
@@ -235,22 +235,71 @@ class AsyncDualWriteTransaction(AsyncTransactionHandle):
     where the block's transaction (and Django's async ORM calls) run.
     """
 
-    async def _call(self, call: Callable[[], None]) -> None:
-        from asgiref.sync import sync_to_async
+    def __init__(self, handle: DualWriteTransaction) -> None:
+        self._calls = AsyncHandleCalls(handle, _in_block_thread)
 
-        await sync_to_async(call, thread_sensitive=True)()
+    @property
+    def transactional_id(self) -> str:
+        """The Kafka transactional id this transaction runs under."""
+        return self._calls.handle.transactional_id
+
+    @property
+    def prepared_state(self) -> PreparedTxnState | None:
+        """The state stored in the database once the transaction is prepared."""
+        return self._calls.handle.prepared_state
+
+    @property
+    def records_produced(self) -> int:
+        """How many records this transaction produced so far."""
+        return self._calls.handle.records_produced
 
     @property
     def sync_transaction(self) -> DualWriteTransaction:
         """The synchronous handle (for code already running in the block's thread)."""
-        return self._handle
+        return self._calls.handle
 
-    sync = deprecated_property("sync", "sync_transaction", lambda self: self._handle)
+    sync = deprecated_property("sync", "sync_transaction", lambda self: self._calls.handle)
 
     @property
     def connection(self) -> Any:
         """The block's database connection, as a SQLAlchemy ``Connection`` (Django's own underneath)."""
-        return self._handle.connection
+        return self._calls.handle.connection
+
+    async def produce(
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int | None = None,
+        on_delivery: Callable[[Any, Any], None] | None = None,
+        timestamp: int | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        """Produce one record in the transaction (arguments as :meth:`DualWriteTransaction.produce`).
+
+        Returns once librdkafka has the record (an enqueue; the prepare
+        waits for its delivery).  ``error`` in ``on_delivery(error, message)``
+        is the kafka2pc error of a failed delivery.  A full local queue is
+        waited out for up to the writer's ``queue_full_timeout_s``; the first
+        record of a topic the writer has not seen yet waits for one metadata
+        request.  The waits happen in the block's thread.
+        """
+        await self._calls.produce(topic, value, key, partition, on_delivery, timestamp, headers)
+
+    async def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
+        """Commit consumer offsets with this transaction (exactly-once consume-transform-produce)."""
+        await self._calls.send_offsets_to_transaction(offsets, group_metadata)
+
+    async def send_consumer_offsets(self, consumer: Any) -> None:
+        """Commit the current positions of ``consumer``'s assignment (a ``confluent_kafka.Consumer``)."""
+        await self._calls.send_consumer_offsets(consumer)
+
+
+async def _in_block_thread(call: Callable[[], None]) -> None:
+    """Run ``call`` in Django's thread-sensitive executor thread (the block's)."""
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(call, thread_sensitive=True)()
 
 
 @asynccontextmanager

@@ -42,18 +42,15 @@ class DatabaseFilter(admin.SimpleListFilter):
                    "query_string": changelist.get_query_string({self.parameter_name: lookup})}
 
 
-class _ReadOnly(admin.ModelAdmin):
-    def get_queryset(self, request: HttpRequest) -> Any:
-        return super().get_queryset(request).using(request.GET.get(DatabaseFilter.parameter_name) or "default")
+def _rows_of_chosen_alias(model_admin: admin.ModelAdmin[Any], request: HttpRequest) -> Any:
+    """The model's rows on the database alias the "database" filter chose (``default`` if none)."""
+    return admin.ModelAdmin.get_queryset(model_admin, request).using(
+        request.GET.get(DatabaseFilter.parameter_name) or "default")
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+def _refused(model_admin: admin.ModelAdmin[Any], request: HttpRequest, obj: Any = None) -> bool:
+    """Read-only pages: no add, change or delete."""
+    return False
 
 
 class StoredStateFilter(admin.SimpleListFilter):
@@ -74,14 +71,16 @@ class StoredStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(TransactionState)
-class TransactionStateAdmin(_ReadOnly):
+class TransactionStateAdmin(admin.ModelAdmin):
     list_display = ("transactional_id", "prepared_txn_state", "updated_at", "lease_owner", "lease_expires_at")
     list_filter = (DatabaseFilter, StoredStateFilter)
     search_fields = ("transactional_id",)
 
+    has_add_permission = has_change_permission = has_delete_permission = _refused
+
     def get_queryset(self, request: HttpRequest) -> Any:
         leases = WriterLease.objects.filter(transactional_id=OuterRef("transactional_id"))
-        return super().get_queryset(request).annotate(
+        return _rows_of_chosen_alias(self, request).annotate(
             _lease_owner=Subquery(leases.values("owner")[:1]),
             _lease_expires_at=Subquery(leases.values("expires_at")[:1]),
             _leased=Subquery(leases.values("transactional_id")[:1]),
@@ -100,7 +99,11 @@ class TransactionStateAdmin(_ReadOnly):
 
 
 @admin.register(WriterLease)
-class WriterLeaseAdmin(_ReadOnly):
+class WriterLeaseAdmin(admin.ModelAdmin):
     list_display = ("transactional_id", "pool", "owner", "expires_at", "epoch")
     list_filter = (DatabaseFilter, "pool")
     search_fields = ("transactional_id", "owner")
+    has_add_permission = has_change_permission = has_delete_permission = _refused
+
+    def get_queryset(self, request: HttpRequest) -> Any:
+        return _rows_of_chosen_alias(self, request)

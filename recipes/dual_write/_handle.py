@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -16,7 +17,16 @@ if TYPE_CHECKING:
 
     from ._core import WriterCore
 
-__all__ = ["DualWriteTransaction"]
+__all__ = ["DualWriteTransaction", "TransactionContents", "open_handle"]
+
+
+@dataclass(eq=False)
+class TransactionContents:
+    """What a handle and the writer's runner share about one transaction: the records the handle produced
+    (copied to the outbox table after the prepare) and the prepared state the runner stored."""
+
+    records: list[_Record] = field(default_factory=list)
+    prepared: PreparedTxnState | None = None
 
 
 class DualWriteTransaction:
@@ -31,9 +41,8 @@ class DualWriteTransaction:
         self._writer = writer
         self._producer = producer
         self._connection = connection
-        self._records: list[_Record] = []
+        self._contents = TransactionContents()
         self._produced = 0
-        self._prepared: PreparedTxnState | None = None
 
     @property
     def connection(self) -> sa.Connection:
@@ -48,7 +57,7 @@ class DualWriteTransaction:
     @property
     def prepared_state(self) -> PreparedTxnState | None:
         """The state stored in the database once the transaction is prepared."""
-        return self._prepared
+        return self._contents.prepared
 
     @property
     def records_produced(self) -> int:
@@ -78,7 +87,7 @@ class DualWriteTransaction:
         writer = self._writer
         if writer.retain:
             record = _Record(topic, key_b, value_b, partition, header_list)
-            self._records.append(record)  # copied to the outbox table after the prepare
+            self._contents.records.append(record)  # copied to the outbox table after the prepare
 
             def delivered(err: Any, msg: Any) -> None:
                 if err is None:
@@ -112,3 +121,11 @@ class DualWriteTransaction:
         positions = [tp for tp in consumer.position(consumer.assignment()) if tp.offset >= 0]
         if positions:
             self.send_offsets_to_transaction(positions, consumer.consumer_group_metadata())
+
+
+def open_handle(
+    core: WriterCore, producer: TwoPhaseCommitProducer, connection: sa.Connection
+) -> tuple[DualWriteTransaction, TransactionContents]:
+    """A new handle, and the contents the runner fills in (the prepared state) and reads (the records)."""
+    tx = DualWriteTransaction(core, producer, connection)
+    return tx, tx._contents

@@ -143,17 +143,17 @@ class OrphanScanner:
 
     def _settle_into_slot(self, tid: str, epoch: int, keep: bool) -> RecoveryResult:
         """The writer's own recovery of an orphaned id; the id becomes a slot if ``keep``."""
-        writer = self._keeper.new_writer(tid)
+        writer, runner = self._keeper.new_writer(tid)
         try:
             result = writer.recover(on_heuristic="report")
         except Exception as exc:  # noqa: BLE001 - reported in the result and the metrics, retried next scan
             logger.error("%s: recovery of the orphaned id failed (retried at the next scan): %s", tid, exc)
             self.orphan_errors += 1
-            self._keeper.retire([_Slot(writer, epoch)], abandon=True)
+            self._keeper.retire([_Slot(writer, runner, epoch)], abandon=True)
             return RecoveryResult(tid, PreparedTxnState(), None, error=exc)
         self.orphans_settled += 1
-        if not (keep and self._keeper.adopt(writer, epoch)):
-            self._keeper.retire([_Slot(writer, epoch)])
+        if not (keep and self._keeper.adopt(writer, runner, epoch)):
+            self._keeper.retire([_Slot(writer, runner, epoch)])
         return result
 
     def scan_loop(self, stop: Event) -> None:

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ._bind import Bind
+    from ._runner import TransactionRunner
     from ._runtime import Background, Runtime
 
 __all__ = ["PoolExhaustedError", "PoolMetrics", "PoolShape", "PoolState", "WriterPool", "pool_on"]
@@ -267,7 +268,7 @@ class WriterPool:
             shape.slow_commit_s,
         ) if shape.pipelined else None
 
-    def _new_writer(self, tid: str) -> DualWriter:
+    def _new_writer(self, tid: str) -> tuple[DualWriter, TransactionRunner]:
         return writer_on(self._runtime, self._engine, {**self._config, "transactional.id": tid}, self._options,
                          state_table=self._state_table,
                          listeners=Listeners(self._options.on_step, parent=self._listeners))
@@ -493,7 +494,7 @@ class WriterPool:
         handed_off: InFlightCommit | None = None
         try:
             if self._pipeline is None:
-                with slot.writer._transaction_deferred(bind, None, ready_by=ready_by) as tx:
+                with slot.runner.transaction(bind, None, ready_by=ready_by) as tx:
                     yield tx
             else:
                 pipeline = self._pipeline
@@ -502,7 +503,7 @@ class WriterPool:
                     nonlocal handed_off
                     handed_off = pipeline.submit(slot.tid, commit, lambda: keeper.give_back(slot))
 
-                with slot.writer._transaction_deferred(bind, defer, ready_by=ready_by) as tx:
+                with slot.runner.transaction(bind, defer, ready_by=ready_by) as tx:
                     yield tx
         finally:
             if handed_off is None:

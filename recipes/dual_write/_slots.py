@@ -26,6 +26,7 @@ from ._lifecycle import WriterState
 from ._values import DualWriteMetrics
 
 if TYPE_CHECKING:
+    from ._runner import TransactionRunner
     from ._runtime import Event, Runtime
     from ._writer import DualWriter
 
@@ -46,6 +47,8 @@ class PoolExhaustedError(Kafka2pcError):
 @dataclass(eq=False)
 class _Slot:
     writer: DualWriter
+    runner: TransactionRunner
+    """How the pool runs the writer's transactions and recoveries (see :mod:`._runner`)."""
     epoch: int
     busy: bool = False
     lost: bool = False
@@ -67,8 +70,8 @@ class SlotKeeper:
     """
 
     def __init__(
-        self, book: LeaseBook, runtime: Runtime, new_writer: Callable[[str], DualWriter], *, prefix: str, size: int,
-        max_slots: int, lease_s: float, acquire_timeout_s: float, rng: random.Random,
+        self, book: LeaseBook, runtime: Runtime, new_writer: Callable[[str], tuple[DualWriter, TransactionRunner]], *,
+        prefix: str, size: int, max_slots: int, lease_s: float, acquire_timeout_s: float, rng: random.Random,
     ) -> None:
         self.book = book
         self._new_writer = new_writer
@@ -94,8 +97,8 @@ class SlotKeeper:
         """The leases count as renewed now (the pool just recorded its ids)."""
         self._renewed_at = time.monotonic()
 
-    def new_writer(self, tid: str) -> DualWriter:
-        """A writer for ``tid`` (not a slot yet)."""
+    def new_writer(self, tid: str) -> tuple[DualWriter, TransactionRunner]:
+        """A writer for ``tid`` and its runner (not a slot yet)."""
         return self._new_writer(tid)
 
     def held_ids(self) -> list[str]:
@@ -115,12 +118,12 @@ class SlotKeeper:
             self.acquiring -= 1
             self.cond.notify()
 
-    def adopt(self, writer: DualWriter, epoch: int) -> bool:
+    def adopt(self, writer: DualWriter, runner: TransactionRunner, epoch: int) -> bool:
         """Keep ``writer`` (recovered, its lease held at ``epoch``) as a free slot; False once closed."""
         with self.cond:
             if self.closed:
                 return False
-            self.slots.append(_Slot(writer, epoch))
+            self.slots.append(_Slot(writer, runner, epoch))
             self.cond.notify()
             return True
 
@@ -202,15 +205,15 @@ class SlotKeeper:
             claimed = self.book.claim(lease)
             if claimed is None:
                 continue
-            writer = self._new_writer(lease.transactional_id)
+            writer, runner = self._new_writer(lease.transactional_id)
             try:
-                writer._recover_by(ready_by)
+                runner.recover_by(ready_by)
             except BaseException:
-                self.retire([_Slot(writer, claimed.epoch)], abandon=True)
+                self.retire([_Slot(writer, runner, claimed.epoch)], abandon=True)
                 raise
             if lease.owner is not None:
                 self.orphans_taken += 1
-            return _Slot(writer, claimed.epoch)
+            return _Slot(writer, runner, claimed.epoch)
         return None
 
     def give_back(self, slot: _Slot) -> None:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -15,37 +13,29 @@ import sqlalchemy as sa
 
 from kafka2pc import (
     DEFAULT_CLOSE_TIMEOUT_S,
-    ForkedProcessError,
-    IllegalStateError,
-    Kafka2pcError,
     OnHeuristic,
     PreparedTxnState,
-    ProducerFencedError,
-    TxnState,
     UsageError,
 )
 from kafka2pc._deprecation import deprecated_property, seconds_from_ms
 
-from ._bind import Bind, Bound
-from ._bind import bind as bind_target
+from ._bind import Bind
 from ._core import WriterCore
 from ._events import EVENTS, Listeners, StepListener
 from ._handle import DualWriteTransaction
 from ._lifecycle import WriterState
 from ._options import DEFAULT_QUEUE_FULL_TIMEOUT_S, DEFAULT_SETTLE_ATTEMPTS, WriterOptions, options_from
 from ._recovery import Recovery
-from ._runtime import THREADS, forks_seen
+from ._runner import TransactionRunner
+from ._runtime import THREADS
 from ._schema import create_state_table
 from ._schema import define_outbox_table as _make_outbox_table
 from ._schema import define_state_table as _make_state_table
 from ._settle import Settler
-from ._store import TakenOver, locked
 from ._values import (
     DualWriteMetrics,
     RecoveryResult,
-    Step,
     StepHook,
-    TransactionMisuseError,
     heuristic_flags,
 )
 
@@ -59,10 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["DualWriter", "recover_all", "writer_on"]
 
 logger = logging.getLogger(__name__)
-
-DeferCommit = Callable[[Callable[[], None]], None]
-"""Receives the call that commits Kafka after the database COMMIT, to run it later (pipelined commit)."""
-
 
 class DualWriter:
     """Atomic writes to a SQL database and Kafka under one transactional id (KIP-939's dual-write recipe).
@@ -132,26 +118,7 @@ class DualWriter:
         self._listeners = listeners
         self._core = WriterCore(engine, dict(producer_config), tid, options, runtime, table, outbox_table, listeners)
         self._recovery = Recovery(self._core)
-        self._settler = Settler(self._core, self._recovery)
-        self._serial = threading.Lock()
-        self._holder: int | None = None
-        """The thread running a transaction or a recovery now (nesting is refused)."""
-        self._open_since: float | None = None
-        self._committed = 0
-        self._rolled_back = 0
-        self._pid = os.getpid()
-        """The process that made the writer."""
-        self._forks = forks_seen()
-        """:func:`forks_seen` when the writer was made: another value means this is a forked child."""
-
-    def _forked_error(self) -> ForkedProcessError:
-        return ForkedProcessError(
-            f"{self._core.tid!r}: this DualWriter was made in process {self._pid} and is used in its forked child "
-            f"{os.getpid()}: its producer and connections do not survive a fork, and its transactional id is "
-            "one process's (two children cannot both use it). Make the writer after the fork (gunicorn's "
-            "post_worker_init, Celery's worker_process_init, uWSGI's postfork), or use a WriterPool, which remakes "
-            "itself in the child", pid=self._pid,
-        )
+        self._runner = TransactionRunner(self._core, self._recovery, Settler(self._core, self._recovery))
 
     # -- introspection -------------------------------------------------------------
     @property
@@ -205,13 +172,14 @@ class DualWriter:
     def metrics(self) -> DualWriteMetrics:
         """A snapshot of this writer's gauges and counters (no I/O; safe from any thread)."""
         now = time.monotonic()
-        starts = [t for t in (self._open_since, self._core.in_doubt_since) if t is not None]
+        runner = self._runner
+        starts = [t for t in (runner.open_since, self._core.in_doubt_since) if t is not None]
         return DualWriteMetrics(
             writers=1,
             oldest_open_transaction_age_s=(now - min(starts)) if starts else None,
             in_doubt_transactions=1 if self._core.in_doubt is not None else 0,
-            transactions_committed=self._committed,
-            transactions_rolled_back=self._rolled_back,
+            transactions_committed=runner.committed,
+            transactions_rolled_back=runner.rolled_back,
             recoveries=self._recovery.recoveries,
             heuristic_outcomes=self._core.heuristics,
             records_republished=self._recovery.republished,
@@ -288,8 +256,7 @@ class DualWriter:
         """
         raise_, acknowledge = heuristic_flags(f"{type(self).__name__}.recover", on_heuristic,
                                               raise_on_heuristic, acknowledge_heuristic)
-        with self._exclusive():
-            return self._recovery.recover(raise_on_heuristic=raise_, acknowledge=acknowledge)
+        return self._runner.recover(raise_on_heuristic=raise_, acknowledge=acknowledge)
 
     @contextmanager
     def transaction(self, bind: Bind) -> Iterator[DualWriteTransaction]:
@@ -307,38 +274,8 @@ class DualWriter:
         outcome cannot be read back (the Kafka transaction then stays prepared
         until :meth:`recover`).
         """
-        with self._exclusive():
-            self._ensure_ready()
-            bound = bind_target(bind, self._core.tid)
-            bound.install()
-            try:
-                yield from self._run(bound, self._require_producer())
-            finally:
-                bound.remove()
-
-    @contextmanager
-    def _transaction_deferred(
-        self, bind: Bind, defer: DeferCommit | None, *, ready_by: float | None = None
-    ) -> Iterator[DualWriteTransaction]:
-        """:meth:`transaction`, but the Kafka commit after the database COMMIT is handed to ``defer``.
-
-        For :class:`WriterPool`'s pipelined commit: ``defer`` receives the
-        call that commits Kafka (and settles a failure like :meth:`transaction`
-        does) and runs it later, in another thread.  Until that call returned
-        the writer stays ``IN_TRANSACTION``: the caller must not start another
-        transaction on it before.  If the block fails before the database
-        COMMIT, ``defer`` is not called; without ``defer`` this is
-        :meth:`transaction`.  ``ready_by`` (``time.monotonic()``) also bounds
-        the recovery run first (the pool's ``acquire_timeout_s``).
-        """
-        with self._exclusive():
-            self._ensure_ready(ready_by)
-            bound = bind_target(bind, self._core.tid)
-            bound.install()
-            try:
-                yield from self._run(bound, self._require_producer(), defer)
-            finally:
-                bound.remove()
+        with self._runner.transaction(bind) as tx:
+            yield tx
 
     def close(self, timeout: float | None = None) -> None:
         """Release the producer.  A prepared transaction is left for the next :meth:`recover`.
@@ -352,7 +289,7 @@ class DualWriter:
         if timeout is not None and timeout < 0:
             raise UsageError(f"close(timeout={timeout}): a timeout is in seconds and not negative")
         producer = core.take_producer()
-        if self._forks != forks_seen():
+        if self._runner.in_forked_child():
             # The parent's producer: its threads are not in this process, its queue is the parent's.
             # Dropped unflushed (the parent, or the next owner's recovery, settles what it holds).
             core.abandon()
@@ -371,186 +308,17 @@ class DualWriter:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- state -----------------------------------------------------------------------
-    @contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        if self._forks != forks_seen():
-            raise self._forked_error()
-        if self._holder == threading.get_ident():
-            raise IllegalStateError(f"{self._core.tid!r}: transaction() and recover() cannot be nested")
-        with self._serial:
-            self._holder = threading.get_ident()
-            try:
-                yield
-            finally:
-                self._holder = None
-
-    def _ensure_ready(self, ready_by: float | None = None) -> None:
-        """Recover first if needed, within ``kafka_timeout_s`` (and by ``ready_by``, a ``time.monotonic()``).
-
-        A recovery that cannot finish in time (the broker is down) raises a
-        typed error and leaves the writer ``NEEDS_RECOVERY``: the next call
-        tries again, so the writer heals once the broker is back.
-        """
-        if self._core.status is WriterState.FENCED:
-            raise ProducerFencedError(
-                f"{self._core.tid!r} was taken over by another instance; call recover() only if that one is gone"
-            )
-        producer = self._core.producer
-        if self._core.status is not WriterState.READY or producer is None or producer.state is not TxnState.READY:
-            self._recovery.recover(raise_on_heuristic=True, acknowledge=False, deadline=self._deadline(ready_by))
-
-    def _deadline(self, ready_by: float | None) -> float | None:
-        """When a recovery starting now must end: ``kafka_timeout_s`` from now, and by ``ready_by``."""
-        deadline = self._settler.kafka_deadline()
-        if ready_by is not None:
-            deadline = ready_by if deadline is None else min(deadline, ready_by)
-        return deadline
-
-    def _recover_by(self, ready_by: float | None) -> RecoveryResult:
-        """:meth:`recover` (``raise_on_heuristic=False``), every Kafka call ending within ``kafka_timeout_s``
-        and by ``ready_by`` (a ``time.monotonic()`` value; the pool's ``acquire_timeout_s``)."""
-        with self._exclusive():
-            return self._recovery.recover(raise_on_heuristic=False, acknowledge=False,
-                                          deadline=self._deadline(ready_by))
-
-    def _require_producer(self) -> TwoPhaseCommitProducer:
-        if self._core.producer is None:
-            raise IllegalStateError(f"{self._core.tid!r}: no producer; call recover() first")
-        return self._core.producer
-
-    # -- normal path -----------------------------------------------------------------
-    def _run(
-        self, bound: Bound, producer: TwoPhaseCommitProducer, defer: DeferCommit | None = None
-    ) -> Iterator[DualWriteTransaction]:
-        core = self._core
-        conn = bound.connection
-        tx = DualWriteTransaction(self._core, producer, conn)
-        if core.token is None:
-            raise IllegalStateError(f"{core.tid!r}: no state row token; call recover() first")
-        token: str = core.token
-        core.to(WriterState.IN_TRANSACTION)
-        self._open_since = time.monotonic()
-        kafka_begun = combined = cleaned = False
-        store = core.store
-        try:
-            entered: str = locked(store, core.tid, "begin a transaction",
-                                  lambda: store.enter(conn, core.tid, token, lock_timeout_s=core.lock_timeout_s))
-            token = entered
-            if core.retain and core.outbox_dirty:
-                locked(store, core.tid, "begin a transaction (drop spent outbox rows)",
-                       lambda: core.delete_outbox(conn))
-                cleaned = True
-            core.step(Step.DB_BEGUN)
-            core.kafka(producer.begin_transaction)
-            kafka_begun = True
-            core.step(Step.KAFKA_BEGUN)
-            yield tx
-            if bound.misuse is None:
-                bound.flush()
-            if bound.misuse is not None:
-                raise bound.misuse_error()
-            core.step(Step.BODY_DONE)
-            state = core.kafka(lambda: producer.prepare_transaction(core.kafka_timeout_s))
-            tx._prepared = state
-            core.step(Step.PREPARED)
-            if core.retain:
-                core.insert_outbox(conn, state, tx._records)
-            # PostgreSQL over psycopg 3 with a Connection: the state update goes with the
-            # COMMIT in one round trip (store_and_commit); Steps as if they were two.
-            combined = store.combined_commit and not bound.session
-            if not combined:
-                token = store.store(conn, core.tid, str(state), token, core.last_state)
-            core.step(Step.STATE_STORED)
-            core.step(Step.DB_COMMITTING)
-        except BaseException as exc:
-            self._open_since = None
-            error = self._fail(bound, producer if kafka_begun else None, exc)
-            if error is exc:
-                raise
-            raise error from exc
-        try:
-            self._finish(bound, producer, state, token, combined, cleaned, defer)
-        finally:
-            self._open_since = None
-
-    def _fail(self, bound: Bound, producer: TwoPhaseCommitProducer | None, cause: BaseException) -> BaseException:
-        """Roll back both sides after ``cause``; return the error to raise (``cause`` or a clearer one)."""
-        core = self._core
-        self._rolled_back += 1
-        try:
-            bound.rollback()
-        except Exception:  # the server rolls back a dead connection's transaction by itself
-            logger.warning("%s: database rollback failed", core.tid, exc_info=True)
-        fenced = isinstance(cause, (TakenOver, ProducerFencedError))
-        if producer is not None:
-            try:
-                core.kafka(lambda: producer.abort_transaction(core.kafka_timeout_s))
-            except Kafka2pcError as exc:
-                # The database rolled back, so abort is the only right outcome; the next
-                # recovery aborts whatever is still open (the stored state is not this one).
-                fenced = fenced or isinstance(exc, ProducerFencedError)
-                logger.warning("%s: abort after %r failed (%s)", core.tid, cause, exc)
-        if not fenced and isinstance(cause, Kafka2pcError) and not isinstance(cause, UsageError):
-            fenced = core.taken_over_now()  # e.g. a fenced producer's flush that failed oddly
-        if fenced:
-            return core.fenced_error("the state row changed since this writer last wrote it"
-                                      if isinstance(cause, TakenOver) else f"the transaction failed ({cause!r})")
-        settled = producer is None or producer.state is TxnState.READY
-        core.to(WriterState.READY if settled else WriterState.NEEDS_RECOVERY)
-        if (bound.misuse is not None and not bound.misuse_while_failing and isinstance(cause, Exception)
-                and not isinstance(cause, TransactionMisuseError)):
-            return bound.misuse_error()  # e.g. ResourceClosedError after a close() in the block
-        return cause
-
-    def _finish(
-        self, bound: Bound, producer: TwoPhaseCommitProducer, state: PreparedTxnState,
-        token: str, combined: bool, cleaned: bool, defer: DeferCommit | None = None,
-    ) -> None:
-        core = self._core
-        try:
-            if combined:
-                token = core.store.store_and_commit(bound.connection, core.tid, str(state), token, core.last_state)
-            bound.commit()  # after store_and_commit: bookkeeping only, psycopg sends nothing
-        except TakenOver as exc:  # the guarded update failed: nothing committed
-            raise self._fail(bound, producer, exc) from exc
-        except BaseException as exc:
-            if not self._settler.settle_unknown_db_commit(bound, producer, state, exc):
-                self._rolled_back += 1
-                raise
-            self._committed += 1
-            return
-        core.wrote(str(state), token)
-        core.mark_outbox(core.retain or (core.outbox_dirty and not cleaned))
-        core.step(Step.DB_COMMITTED)
-        if defer is not None:
-            defer(lambda: self._commit_kafka(producer, state))
-            return
-        self._commit_kafka(producer, state)
-
-    def _commit_kafka(self, producer: TwoPhaseCommitProducer, state: PreparedTxnState) -> None:
-        """Step 7, once the database committed ``state``: commit Kafka, or settle a failure (never guess)."""
-        core = self._core
-        deadline = self._settler.kafka_deadline()  # the commit and any settlement after it end by then
-        try:
-            core.kafka(lambda: producer.commit_transaction(core.kafka_timeout_s))
-        except Kafka2pcError as exc:
-            self._settler.after_kafka_commit_failure(producer, state, exc, deadline)
-        else:
-            core.to(WriterState.READY)
-        self._committed += 1
-        core.step(Step.KAFKA_COMMITTED)
-
 
 def writer_on(
     runtime: Runtime, engine: sa.Engine, producer_config: Mapping[str, Any], options: WriterOptions, *,
     state_table: sa.Table | None = None, outbox_table: sa.Table | None = None, listeners: Listeners | None = None,
-) -> DualWriter:
-    """A :class:`DualWriter` that waits through ``runtime`` (how the pool and the asyncio twins make theirs)."""
+) -> tuple[DualWriter, TransactionRunner]:
+    """A :class:`DualWriter` that waits through ``runtime``, and its runner (how the pool and the asyncio twins
+    make theirs; the pool runs its transactions and recoveries through the runner)."""
     writer = DualWriter.__new__(DualWriter)
     writer._setup(engine, producer_config, options, runtime, state_table, outbox_table,
                   listeners if listeners is not None else Listeners(options.on_step))
-    return writer
+    return writer, writer._runner
 
 
 def recover_all(writers: Iterable[DualWriter], *, max_workers: int | None = None) -> dict[str, RecoveryResult]:

@@ -151,7 +151,7 @@ class KafkaTwoPhaseSink:
         self._store = decision_store
         self._retain = max(2, decisions_to_retain)
         self._max_repairs = max_repairs
-        self._task_hook: TaskHook | None = None  # kafka2pc's tests set it (_faults.inject_task_hook)
+        self._task_hook: TaskHook | None = None  # kafka2pc's tests set it (inject_task_hook)
         self._on_step = on_step
         self._metrics: deque[BatchMetrics] = deque(maxlen=max(1, metrics_history))
         self._admin: TransactionAdmin | None = None
@@ -496,3 +496,12 @@ class KafkaTwoPhaseSink:
 
 
 _FINGERPRINT_COLUMN: Final = "__kafka2pc_row_hash"
+
+
+def inject_task_hook(sink: KafkaTwoPhaseSink, hook: TaskHook | None) -> KafkaTwoPhaseSink:
+    """Give ``sink``'s tasks a task hook (a testing aid: the seam that replaces ``faults=``); return the sink.
+
+    Tests import it from ``_faults``, beside the hooks they inject.
+    """
+    sink._task_hook = hook
+    return sink

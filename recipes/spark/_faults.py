@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from ._executor import TaskHook, TaskPoint, TaskStep, open_producer, produce_batch
-
-if TYPE_CHECKING:
-    from ._driver import KafkaTwoPhaseSink
+from ._driver import inject_task_hook as inject_task_hook  # the seam lives with the sink it sets
+from ._executor import TaskPoint, TaskStep, open_producer, produce_batch
 
 logger = logging.getLogger("kafka2pc.recipes.spark_sink")
 
@@ -62,12 +59,6 @@ class FaultInjection:
                 and point.attempt < self.fail_task_attempts):
             raise RuntimeError(f"kafka2pc fault injection: task for partition {point.partition} attempt "
                                f"{point.attempt} fails after prepare")
-
-
-def inject_task_hook(sink: KafkaTwoPhaseSink, hook: TaskHook | None) -> KafkaTwoPhaseSink:
-    """Give ``sink``'s tasks a task hook (a testing aid: the seam that replaces ``faults=``); return the sink."""
-    sink._task_hook = hook
-    return sink
 
 
 _DUPLICATE_AT = {"fences_original": TaskStep.OPENED.value, "after_prepare": TaskStep.PREPARED.value}

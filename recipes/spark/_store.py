@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from ._session import jvm
 from ._values import SinkDecision
@@ -24,12 +24,24 @@ if TYPE_CHECKING:
 _DECISION_FILE_RE: Final = re.compile(r"(\d{1,19})\.(\d{1,6})\.json")
 
 
-class DecisionStore(ABC):
+@runtime_checkable
+class DecisionStore(Protocol):
     """Durable, append-only storage of :class:`SinkDecision` objects, one file per batch revision.
 
     ``put`` must be atomic (a reader sees the whole decision or none of it),
     durable before it returns, and must never replace an existing decision.
+
+    The extension point for other storage, as a protocol with default
+    methods: a store subclasses it (as :class:`LocalDecisionStore` and
+    :class:`HadoopDecisionStore` do), gives the four file operations and
+    :attr:`location`, and inherits ``put``, ``get``, ``latest`` and ``purge``.
     """
+
+    @classmethod
+    def __subclasshook__(cls, other: type) -> Any:
+        # issubclass() answers by inheritance (as for 1.0's ABC): a protocol with a
+        # property cannot be checked structurally, and would raise TypeError.
+        return NotImplemented
 
     @abstractmethod
     def _names(self) -> list[str]:

@@ -17,7 +17,7 @@ from kafka2pc import ForkedProcessError, IllegalStateError, OnHeuristic, Prepare
 from kafka2pc._deprecation import deprecated_property, seconds_from_ms
 from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 
-from .._async_handle import AsyncTransactionHandle
+from .._async_handle import AsyncHandleCalls, Headers
 from .._events import EVENTS, StepListener
 from .._handle import DualWriteTransaction
 from .._lifecycle import WriterState
@@ -42,21 +42,67 @@ AsyncBind = AsyncSession | AsyncConnection
 """What :meth:`AsyncDualWriter.transaction` runs on: an ``AsyncSession`` or an ``AsyncConnection``."""
 
 
-class AsyncDualWriteTransaction(AsyncTransactionHandle):
+class AsyncDualWriteTransaction:
     """The handle :meth:`AsyncDualWriter.transaction` yields: produce records, add consumer offsets.
 
     Rows are written with the ``AsyncSession`` or ``AsyncConnection`` the
     transaction was opened on; they commit together with the records
-    produced here.
+    produced here.  Each call runs the sync handle's call on the loop's
+    greenlet bridge.
     """
 
-    async def _call(self, call: Callable[[], None]) -> None:
-        await in_greenlet(call)
+    def __init__(self, handle: DualWriteTransaction) -> None:
+        self._calls = AsyncHandleCalls(handle, in_greenlet)
+
+    @property
+    def transactional_id(self) -> str:
+        """The Kafka transactional id this transaction runs under."""
+        return self._calls.handle.transactional_id
+
+    @property
+    def prepared_state(self) -> PreparedTxnState | None:
+        """The state stored in the database once the transaction is prepared."""
+        return self._calls.handle.prepared_state
+
+    @property
+    def records_produced(self) -> int:
+        """How many records this transaction produced so far."""
+        return self._calls.handle.records_produced
 
     @property
     def connection(self) -> AsyncConnection:
         """The database connection of this transaction (the ``AsyncConnection`` over the sync one)."""
-        return AsyncConnection._retrieve_proxy_for_target(self._handle.connection)
+        return AsyncConnection._retrieve_proxy_for_target(self._calls.handle.connection)
+
+    async def produce(
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int | None = None,
+        on_delivery: Callable[[Any, Any], None] | None = None,
+        timestamp: int | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        """Produce one record in the transaction (arguments as :meth:`DualWriteTransaction.produce`).
+
+        Returns once librdkafka has the record (an enqueue; the prepare
+        waits for its delivery).  ``error`` in ``on_delivery(error, message)``
+        is the kafka2pc error of a failed delivery.  A full local queue is
+        waited out for up to the writer's ``queue_full_timeout_s``; the first
+        record of a topic the writer has not seen yet waits for one metadata
+        request.  These waits do not block the loop, and ``on_delivery`` runs
+        on the loop.
+        """
+        await self._calls.produce(topic, value, key, partition, on_delivery, timestamp, headers)
+
+    async def send_offsets_to_transaction(self, offsets: list[Any], group_metadata: Any) -> None:
+        """Commit consumer offsets with this transaction (exactly-once consume-transform-produce)."""
+        await self._calls.send_offsets_to_transaction(offsets, group_metadata)
+
+    async def send_consumer_offsets(self, consumer: Any) -> None:
+        """Commit the current positions of ``consumer``'s assignment (a ``confluent_kafka.Consumer``)."""
+        await self._calls.send_consumer_offsets(consumer)
 
 
 class AsyncDualWriter:
@@ -128,7 +174,7 @@ class AsyncDualWriter:
                                on_step=on_step, settle_attempts=settle_attempts,
                                queue_full_timeout_s=queue_full_timeout_s, kafka_timeout_s=kafka_timeout_s)
         self._engine = engine
-        self._sync = writer_on(EVENT_LOOP, engine.sync_engine, producer_config, options,
+        self._sync, _ = writer_on(EVENT_LOOP, engine.sync_engine, producer_config, options,
                                state_table=state_table, outbox_table=outbox_table)
         self._lock = asyncio.Lock()
         self._holder: asyncio.Task[Any] | None = None
