@@ -130,6 +130,10 @@ def test_gunicorn_workers_killed_and_broker_stopped_keep_rows_and_events_equal(
             threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(CLIENTS)]
             for t in threads:
                 t.start()
+            # A fresh broker's transaction coordinator may still be loading (503s): the kills come once writes flow.
+            flowing_by = time.monotonic() + 60
+            while statuses["201"] == 0 and time.monotonic() < flowing_by:
+                time.sleep(0.1)
             time.sleep(4)
             before_kill = statuses["201"]
             first = _workers(server.pid)[0]
