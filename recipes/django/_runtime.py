@@ -155,7 +155,8 @@ def close(timeout: float | None = None) -> None:
 
     Each pool drains and gives its leases back (those with a transaction in
     doubt are left to expire, for a survivor's recovery), waiting up to
-    ``timeout`` seconds (``None``: :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`) for transactions still running.
+    ``timeout`` seconds (``None``: :data:`~kafka2pc.DEFAULT_CLOSE_TIMEOUT_S`) for transactions still running
+    and for pipelined Kafka commits (one not finished by then is left to the recovery of its id).
     The next ``dual_write()`` makes a new pool.
     """
     if timeout is not None and timeout < 0:

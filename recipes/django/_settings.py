@@ -21,19 +21,22 @@ DEFAULT_KAFKA_TIMEOUT_S: Final = 30.0
 """The pool's ``kafka_timeout_s`` unless ``POOL_OPTIONS`` sets it: a request never waits on librdkafka's own,
 longer limits."""
 
-#: ``POOL_OPTIONS`` keys that are not the app's to take: a request's Kafka commit is never pipelined.
-_NOT_OFFERED = frozenset({"pipelined", "max_in_flight", "slow_commit_s"})
 _WRITER_KEYS = frozenset(f.name for f in fields(WriterOptions))
-_POOL_KEYS = frozenset(f.name for f in fields(PoolShape)) - {"prefix", "size"} - _NOT_OFFERED
+_POOL_KEYS = frozenset(f.name for f in fields(PoolShape)) - {"prefix", "size"}
 
 #: The keys ``POOL_OPTIONS`` may set: :class:`~kafka2pc.recipes.dual_write.WriterOptions`' fields and the
 #: ``WriterPool`` arguments of its own (derived from both, never listed by hand).
 POOL_OPTIONS = _WRITER_KEYS | _POOL_KEYS
 _KEYS = frozenset({"PRODUCER", "TRANSACTIONAL_ID_PREFIX", "POOL_SIZE", "POOL_OPTIONS"})
 
+#: The pipelined commit's keys.  Their check ids come after the others' (E113 on), so that the ids
+#: of the other options, which a project may list in ``SILENCED_SYSTEM_CHECKS``, never move.
+_PIPELINE_KEYS = frozenset({"pipelined", "max_in_flight", "slow_commit_s"}) & POOL_OPTIONS
+
 #: The system check id of each ``POOL_OPTIONS`` value's problem (``kafka2pc.E001``: the setting's shape).
 OPTION_CHECK_IDS: Final[dict[str, str]] = {
-    name: f"kafka2pc.E{100 + i:03d}" for i, name in enumerate(sorted(POOL_OPTIONS | {"size"}))
+    name: f"kafka2pc.E{100 + i:03d}"
+    for i, name in enumerate(sorted(POOL_OPTIONS | {"size"}, key=lambda k: (k in _PIPELINE_KEYS, k)))
 }
 
 
@@ -72,7 +75,8 @@ class Kafka2pcSettings:
         return WriterOptions(**{"kafka_timeout_s": DEFAULT_KAFKA_TIMEOUT_S, **given})
 
     def pool_keywords(self) -> dict[str, Any]:
-        """The ``WriterPool`` arguments of its own among ``pool_options`` (``max_slots``, ``lease_s``...)."""
+        """The ``WriterPool`` arguments of its own among ``pool_options`` (``max_slots``, ``lease_s``,
+        ``pipelined``...)."""
         return {k: v for k, v in self.pool_options.items() if k in _POOL_KEYS}
 
     def prefix_for(self, alias: str) -> str:
@@ -127,6 +131,11 @@ def _read(value: object) -> tuple[list[SettingProblem], Kafka2pcSettings | None]
         return shape(f"settings.KAFKA2PC['POOL_OPTIONS'] has unknown keys {bad}; known: {sorted(POOL_OPTIONS)}")
     # The values: the recipe's own checks (the ones WriterPool and WriterOptions raise), one id per option.
     problems = [
+        SettingProblem(OPTION_CHECK_IDS["pipelined"],
+                       f"settings.KAFKA2PC['POOL_OPTIONS']['pipelined'] must be True or False, not {pipelined!r}")
+        for pipelined in [options.get("pipelined", False)] if not isinstance(pipelined, bool)
+    ]
+    problems += [
         SettingProblem(OPTION_CHECK_IDS[p.option],
                        f"settings.KAFKA2PC['POOL_OPTIONS'][{p.option!r}]: {p.message}"
                        if p.option != "size" else f"settings.KAFKA2PC['POOL_SIZE']: {p.message}")

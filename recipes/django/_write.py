@@ -6,9 +6,10 @@ runs its usual transaction on a SQLAlchemy connection that *is* Django's
 connection (see ``_engines``): the state row is locked or checked, the Kafka
 transaction begun, the application's ORM writes and records follow, then the
 prepare, the state update and the COMMIT (the decision) and the Kafka commit,
-exactly as for a SQLAlchemy application.  Django's ``atomic`` then closes
-over a transaction that has already committed, and runs its ``on_commit``
-callbacks.
+exactly as for a SQLAlchemy application (pipelined, the Kafka commit runs in
+the pool's background once the COMMIT is durable).  Django's ``atomic`` then
+closes over a transaction that has already committed, and runs its
+``on_commit`` callbacks.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def _check_outermost(alias: str) -> bool:
 
 
 @contextmanager
-def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
+def dual_write(using: str | None = None, *, wait_visible: bool = False) -> Iterator[DualWriteTransaction]:
     """Write rows with Django's ORM and records to Kafka in one transaction: both commit, or neither.
 
     ``using`` is the database alias (default ``"default"``).  The block is
@@ -118,10 +119,18 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
     two-phase commit).  The yielded handle's ``produce()`` is
     :meth:`~kafka2pc.recipes.dual_write.DualWriteTransaction.produce`.
 
+    With ``POOL_OPTIONS["pipelined"]`` the block returns once the database
+    COMMIT is durable (the outcome is decided then) and the Kafka commit
+    completes in the background: its records reach ``read_committed``
+    consumers a moment later, and ``on_commit`` callbacks run before that.
+    ``wait_visible=True`` waits for the Kafka commit too (so does a block in
+    a ``django.test.TestCase``); without pipelining every block does.
+
     Bounds: waiting for a free transactional id, including the recovery of
     a newly leased one, ``POOL_OPTIONS["acquire_timeout_s"]`` (default 30 s);
     the Kafka calls, ``POOL_OPTIONS["kafka_timeout_s"]`` (default 30 s); the state-row
-    lock, ``POOL_OPTIONS["lock_timeout_s"]``.  Errors are those of
+    lock, ``POOL_OPTIONS["lock_timeout_s"]``; pipelined, a free place among
+    ``max_in_flight`` background commits (each ends within ``kafka_timeout_s``).  Errors are those of
     :meth:`WriterPool.transaction <kafka2pc.recipes.dual_write.WriterPool.transaction>`,
     with every database error as Django's (``django.db.OperationalError``,
     ``IntegrityError``...; never ``sqlalchemy.exc``).
@@ -147,7 +156,7 @@ def dual_write(using: str | None = None) -> Iterator[DualWriteTransaction]:
             engine = runtime.borrowed()  # made (its dialect initialised) outside the block's transaction
             block = _outermost(engine, alias)
         with block as bind, conn.execute_wrapper(guard), guard_other_aliases(alias) as others, \
-                runtime.pool.transaction(bind) as tx:
+                runtime.pool.transaction(bind, wait_visible=wait_visible or test_case) as tx:
             yield tx
             if guard.refused is not None:
                 raise guard.error()
@@ -303,7 +312,8 @@ async def _in_block_thread(call: Callable[[], None]) -> None:
 
 
 @asynccontextmanager
-async def adual_write(using: str | None = None) -> AsyncIterator[AsyncDualWriteTransaction]:
+async def adual_write(using: str | None = None, *, wait_visible: bool = False
+                      ) -> AsyncIterator[AsyncDualWriteTransaction]:
     """:func:`dual_write` for async views: ``async with adual_write() as tx``.
 
     Django runs transactions only in synchronous code, so the block's
@@ -312,8 +322,8 @@ async def adual_write(using: str | None = None) -> AsyncIterator[AsyncDualWriteT
     the end (prepare, state update, COMMIT, Kafka commit) and the async ORM
     calls in the block (``await Order.objects.acreate(...)``), which Django
     sends to that same thread and so to the same connection and
-    transaction.  The event loop only awaits.  The bounds are
-    :func:`dual_write`'s.
+    transaction.  The event loop only awaits.  The bounds, and
+    ``wait_visible`` with a pipelined pool, are :func:`dual_write`'s.
 
     A cancellation (Django cancels an async view whose client disconnected)
     at any ``await`` releases everything the block holds: cancelled while
@@ -325,7 +335,7 @@ async def adual_write(using: str | None = None) -> AsyncIterator[AsyncDualWriteT
     """
     from asgiref.sync import sync_to_async
 
-    manager = dual_write(using)
+    manager = dual_write(using, wait_visible=wait_visible)
     enter = asyncio.ensure_future(sync_to_async(manager.__enter__, thread_sensitive=True)())
     try:
         # Shielded: a cancellation (the client went away) must not leave the entry running unseen in

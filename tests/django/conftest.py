@@ -49,6 +49,13 @@ def k2pc_settings(settings: Any, kafka_bootstrap: str, request: pytest.FixtureRe
     close_all(timeout=10)
 
 
+@pytest.fixture(params=[False, True], ids=["serial", "pipelined"])
+def pipelined(request: pytest.FixtureRequest, k2pc_settings: dict[str, Any]) -> bool:
+    """The test runs with ``POOL_OPTIONS["pipelined"]`` off, then on (before its first ``dual_write()``)."""
+    k2pc_settings["POOL_OPTIONS"]["pipelined"] = bool(request.param)
+    return bool(request.param)
+
+
 @pytest.fixture(params=on())
 def alias(request: pytest.FixtureRequest, k2pc_settings: dict[str, Any], transactional_db: None) -> str:
     """Each test using it runs on SQLite, PostgreSQL and MariaDB, with the app's pools closed before the flush."""

@@ -24,6 +24,7 @@ import pytest
 from harness.acks import AckLog, assert_acknowledged
 from harness.crash_matrix import (
     PARALLEL,
+    PIPELINED_EXPECTED,
     check_reports,
     crash_points,
     db_url_for,
@@ -47,15 +48,33 @@ def zygotes(tmp_path: Path) -> Iterator[list[DjangoZygote]]:
         z.close()
 
 
+#: The pipelined pool's kill points in CI: after the database COMMIT, where its path differs (up to the
+#: ``db_committed`` step a pipelined block runs the serial code), plus ``responded``.  The campaign, and
+#: ``$KAFKA2PC_CRASH_POINTS``, run every point.
+PIPELINED_CI_POINTS = ["db_committed", "kafka_committed", *PIPELINED_EXPECTED]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite", "mariadb"])
-def test_django_crash_matrix(db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str,
+@pytest.mark.parametrize(("db_kind", "pipelined"), [
+    pytest.param("postgresql", False, id="postgresql"),
+    pytest.param("sqlite", False, id="sqlite"),
+    pytest.param("mariadb", False, id="mariadb"),
+    pytest.param("postgresql", True, id="postgresql-pipelined"),
+    pytest.param("sqlite", True, id="sqlite-pipelined", marks=pytest.mark.campaign),
+    pytest.param("mariadb", True, id="mariadb-pipelined", marks=pytest.mark.campaign),
+])
+def test_django_crash_matrix(db_kind: str, pipelined: bool, request: pytest.FixtureRequest, kafka_bootstrap: str,
                              zygotes: list[DjangoZygote], tmp_path: Path, seed: int) -> None:
+    """SIGKILL at every step, then recovery; pipelined (``POOL_OPTIONS["pipelined"]``), also right after the
+    response, with the block's Kafka commit still in flight (``responded``)."""
     server = server_url(request, db_kind)
     points = crash_points()
+    if pipelined:
+        whole = request.node.get_closest_marker("campaign") is not None or os.environ.get("KAFKA2PC_CRASH_POINTS")
+        points = (points if whole else [p for p in points if p in PIPELINED_CI_POINTS]) + list(PIPELINED_EXPECTED)
     started = time.monotonic()
     reports = run_matrix(db_kind, points, list(zygotes), lambda p: db_url_for(db_kind, server, tmp_path, p),
-                         kafka_bootstrap, tmp_path, seed)
+                         kafka_bootstrap, tmp_path, seed, {"pipelined": True} if pipelined else None)
     print_reports(reports)
     print(f"{db_kind}: {sum(r.runs for r in reports)} Django children in {time.monotonic() - started:.0f} s")
     failures = [f"{r.point}/{r.db}: {f}" for r in reports for f in r.failures]

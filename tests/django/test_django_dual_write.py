@@ -17,7 +17,7 @@ from django.core.management import call_command
 from django.db import connections, transaction
 from djtest.models import Item
 from djtest.params import on
-from kafka2pc.recipes.django import MigrationMissingError, NestedAtomicError, adual_write, dual_write, recover
+from kafka2pc.recipes.django import MigrationMissingError, NestedAtomicError, adual_write, close, dual_write, recover
 from kafka2pc.recipes.django.models import TransactionState, WriterLease
 from kafka2pc.recipes.dual_write import TransactionMisuseError
 
@@ -48,7 +48,15 @@ def _clean(alias: str) -> None:
     assert conn.get_autocommit() and not conn.in_atomic_block and not conn.needs_rollback
 
 
-def test_rows_and_records_commit_together(alias: str, kafka_bootstrap: str, topic_factory: Any) -> None:
+def _visible(bootstrap: str, topic: str, pipelined: bool) -> list[str]:
+    """The ``read_committed`` records; pipelined, after closing the pools (which drains their Kafka commits)."""
+    if pipelined:
+        close()
+    return _records(bootstrap, topic)
+
+
+def test_rows_and_records_commit_together(alias: str, pipelined: bool, kafka_bootstrap: str,
+                                          topic_factory: Any) -> None:
     topic = topic_factory()
     committed: list[str] = []
     with dual_write(using=alias) as tx:
@@ -60,16 +68,20 @@ def test_rows_and_records_commit_together(alias: str, kafka_bootstrap: str, topi
             tx.produce(topic, value=b"a2", key=b"a2")
     _write(alias, topic, "b")
     assert _rows(alias) == ["a", "a2", "b"]
-    assert _records(kafka_bootstrap, topic) == ["a", "a2", "b"]
-    assert committed == ["a"]  # Django's on_commit callbacks run once both sides committed
+    # Django's on_commit callbacks run once both sides committed (pipelined: once the database did)
+    assert committed == ["a"]
+    assert _visible(kafka_bootstrap, topic, pipelined) == ["a", "a2", "b"]
     _clean(alias)
     # The state row is the SQLAlchemy recipe's: its stored state names the last transaction.
     states = list(TransactionState.objects.using(alias).exclude(prepared_txn_state=None))
-    assert len(states) == 1 and states[0].transactional_id.startswith("dj-")
+    # pipelined, the second block may run on another id while the first one's Kafka commit is in flight
+    assert len(states) in ({1, 2} if pipelined else {1})
+    assert all(s.transactional_id.startswith("dj-") for s in states)
     _nothing_open(kafka_bootstrap, topic)
 
 
-def test_an_exception_rolls_back_both_sides(alias: str, kafka_bootstrap: str, topic_factory: Any) -> None:
+def test_an_exception_rolls_back_both_sides(alias: str, pipelined: bool, kafka_bootstrap: str,
+                                           topic_factory: Any) -> None:
     topic = topic_factory()
     called: list[str] = []
     with pytest.raises(ZeroDivisionError):
@@ -80,7 +92,45 @@ def test_an_exception_rolls_back_both_sides(alias: str, kafka_bootstrap: str, to
             1 / 0  # noqa: B018
     _clean(alias)
     _write(alias, topic, "after")
-    assert _rows(alias) == ["after"] and _records(kafka_bootstrap, topic) == ["after"] and called == []
+    assert _rows(alias) == ["after"] and _visible(kafka_bootstrap, topic, pipelined) == ["after"] and called == []
+    _nothing_open(kafka_bootstrap, topic)
+
+
+@pytest.mark.parametrize("alias", on("default", "pg"), indirect=True)
+def test_a_pipelined_block_returns_at_the_database_commit_and_wait_visible_waits_for_kafka(
+    alias: str, k2pc_settings: dict[str, Any], kafka_bootstrap: str, topic_factory: Any
+) -> None:
+    from kafka2pc.recipes.django._runtime import runtime_for
+
+    k2pc_settings["POOL_OPTIONS"].update(pipelined=True, max_in_flight=2)
+    topic = topic_factory()
+    with dual_write(using=alias, wait_visible=True) as tx:
+        Item.objects.using(alias).create(id="v", series="s")
+        tx.produce(topic, value=b"v", key=b"v")
+    pool = runtime_for(alias).pool
+    assert pool.metrics().commits_in_flight == 0 and _records(kafka_bootstrap, topic) == ["v"]
+    committed: list[str] = []
+    with dual_write(using=alias) as tx:
+        Item.objects.using(alias).create(id="p", series="s")
+        tx.produce(topic, value=b"p", key=b"p")
+        transaction.on_commit(lambda: committed.append("p"), using=alias)
+    assert _rows(alias) == ["p", "v"] and committed == ["p"]  # the database committed when the block returned
+    _clean(alias)
+
+    async def main() -> None:
+        async with adual_write(using=alias, wait_visible=True) as atx:
+            await Item.objects.using(alias).acreate(id="av", series="s")
+            await atx.produce(topic, value=b"av", key=b"av")
+        from asgiref.sync import sync_to_async
+
+        await sync_to_async(connections.close_all)()
+
+    asyncio.run(main())
+    assert "av" in _records(kafka_bootstrap, topic)
+    close()  # drains the Kafka commits still in flight, then gives the leases back
+    assert pool.metrics().commits_in_flight == 0
+    assert _records(kafka_bootstrap, topic) == ["av", "p", "v"]
+    assert pool.metrics().transactions.transactions_committed == 3
     _nothing_open(kafka_bootstrap, topic)
 
 

@@ -120,14 +120,19 @@ class TestSqliteTestCaseIsRefused(DualWriteTestMixin, TestCase):
 
 @pytest.mark.parametrize("alias", [pytest.param(a, marks=pytest.mark.django_db(databases=["default", a]),
                                                 id=ALIASES[a]) for a in ("pg", "maria")])
-def test_pytest_fixture_in_the_tests_transaction(alias: str, k2pc_settings: dict[str, Any],
+def test_pytest_fixture_in_the_tests_transaction(alias: str, k2pc_settings: dict[str, Any], pipelined: bool,
                                                  kafka2pc_pools: dict[str, Any], kafka_bootstrap: str,
                                                  topic_factory: Any) -> None:
+    """Pipelined too: a block in the test's transaction waits for its Kafka commit, so the test reads it at once."""
     topic = topic_factory()
+    assert kafka2pc_pools["POOL_OPTIONS"].get("pipelined", False) is pipelined
     assert kafka2pc_pools["TRANSACTIONAL_ID_PREFIX"].startswith(k2pc_settings["TRANSACTIONAL_ID_PREFIX"] + "-t")
     with dual_write(using=alias) as tx:
         Item.objects.using(alias).create(id="p", series="s")
         tx.produce(topic, value=b"p")
+    from kafka2pc.recipes.django._runtime import runtime_for
+
+    assert runtime_for(alias).pool.metrics().commits_in_flight == 0  # the block waited for its Kafka commit
     assert list(Item.objects.using(alias).values_list("id", flat=True)) == ["p"]
     assert _records(kafka_bootstrap, topic) == ["p"]
     held = WriterLease.objects.using(alias).exclude(owner=None).values_list("transactional_id", flat=True)

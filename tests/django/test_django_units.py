@@ -70,7 +70,8 @@ def test_a_good_setting_is_read() -> None:
     ({"TRANSACTIONAL_ID_PREFIX": ""}, "TRANSACTIONAL_ID_PREFIX"),
     ({"POOL_SIZE": 0}, "POOL_SIZE"),
     ({"POOL_SIZE": True}, "POOL_SIZE"),
-    ({"POOL_OPTIONS": {"pipelined": True}}, "unknown keys"),
+    ({"POOL_OPTIONS": {"pipelined_commit": True}}, "unknown keys"),
+    ({"POOL_OPTIONS": {"pipelined": "yes"}}, "must be True or False"),
 ])
 def test_a_bad_setting_is_a_typed_error_naming_the_key(change: dict[str, Any] | None, names: str) -> None:
     value = None if change is None else {**GOOD, **change}
@@ -125,6 +126,9 @@ def test_reads_from_another_alias_go_through(sql: str) -> None:
     ({"kafka_timeout_s": -5}, "kafka_timeout_s"),
     ({"settle_attempts": 0}, "settle_attempts"),
     ({"on_step": "not callable"}, "on_step"),
+    ({"pipelined": 1}, "pipelined"),
+    ({"max_in_flight": 0}, "max_in_flight"),
+    ({"slow_commit_s": -1.0}, "slow_commit_s"),
 ])
 def test_each_bad_pool_option_is_reported_by_the_system_check_under_its_own_id(
     settings: Any, options: dict[str, Any], option: str
@@ -149,10 +153,21 @@ def test_the_pool_options_are_derived_from_the_recipe_and_build_its_writer_optio
 
     assert {"retain_records", "lock_timeout_s", "kafka_timeout_s", "settle_attempts", "lease_s", "max_slots",
             "owner"} <= POOL_OPTIONS
-    assert "pipelined" not in POOL_OPTIONS
+    assert {"pipelined", "max_in_flight", "slow_commit_s"} <= POOL_OPTIONS
     s = read_settings({**GOOD, "POOL_OPTIONS": {"lease_s": 5.0, "retain_records": True}})
     assert s.writer_options() == WriterOptions(retain_records=True, kafka_timeout_s=30.0)
     assert s.pool_keywords() == {"lease_s": 5.0}
+    s = read_settings({**GOOD, "POOL_OPTIONS": {"pipelined": True, "max_in_flight": 2, "slow_commit_s": 0.5}})
+    assert s.pool_keywords() == {"pipelined": True, "max_in_flight": 2, "slow_commit_s": 0.5}
+
+
+def test_the_check_ids_of_the_options_do_not_move() -> None:
+    """A project may silence an id: the pipelined commit's options are numbered after the others."""
+    first = ["acquire_timeout_s", "kafka_timeout_s", "lease_s", "lock_timeout_s", "max_slots", "on_step", "owner",
+             "queue_full_timeout_s", "retain_records", "scan_every_s", "settle_attempts", "settle_parallelism", "size"]
+    assert [OPTION_CHECK_IDS[name] for name in first] == [f"kafka2pc.E{100 + i}" for i in range(len(first))]
+    assert {OPTION_CHECK_IDS[n] for n in ("max_in_flight", "pipelined", "slow_commit_s")} == {
+        "kafka2pc.E113", "kafka2pc.E114", "kafka2pc.E115"}
 
 
 def test_an_unsupported_database_backend_is_reported(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,7 +64,7 @@ def _configure(job: dict[str, Any], hook: Any) -> None:
             "TRANSACTIONAL_ID_PREFIX": job["tid"],
             "POOL_SIZE": 1,
             "POOL_OPTIONS": {"lease_s": job.get("lease_s", LEASE_S), "max_slots": 1, "on_step": hook,
-                             "acquire_timeout_s": 60.0,
+                             "acquire_timeout_s": 60.0, "pipelined": bool(job.get("pipelined")),
                              **({"owner": f"{job['owner']}:{os.getpid()}"} if job.get("owner") else {})},
         },
     )
@@ -106,10 +106,36 @@ def _wait_for_lease(db_url: str, tid: str, timeout: float) -> None:
         engine.dispose()
 
 
+def _background_commits_numbered(hook: Any, phase: dict[str, Any]) -> Any:
+    """The hook of a pipelined child: ``kafka_committed`` counts as a step of the transaction it commits.
+
+    It comes in the pool's commit thread, while the child's thread may have moved on to its next
+    transaction (``phase["txn"]``).  The pool has one slot, so the background commits end in order:
+    the n-th one of the work phase is transaction n's.
+    """
+    from kafka2pc.recipes.dual_write import Step
+
+    def numbered(step: Any) -> None:
+        if step is not Step.KAFKA_COMMITTED or phase["name"] != "work":
+            hook(step)
+            return
+        # The child's thread waits for the slot meanwhile: it reads ``phase`` again only after this returns.
+        current, phase["txn"] = phase["txn"], phase.get("kafka_commits", 0)
+        phase["kafka_commits"] = phase["txn"] + 1
+        try:
+            hook(step)
+        finally:
+            phase["txn"] = current
+
+    return numbered
+
+
 def run_job(job: dict[str, Any]) -> None:
     """Run one crash job in this (forked) process; normally it ends with SIGKILL."""
     phase: dict[str, Any] = {"name": "recover", "txn": -1, "racing": False}
     hook = step_hook(job, phase)
+    if job.get("pipelined"):
+        hook = _background_commits_numbered(hook, phase)
     _ensure_lease_table(job["db_url"])
     _configure(job, hook)
     from kafka2pc.recipes.django import recover
@@ -158,17 +184,46 @@ def run_job(job: dict[str, Any]) -> None:
 def _transactions(job: dict[str, Any], phase: dict[str, Any]) -> None:
     from djtest.models import Item
     from kafka2pc.recipes.django import dual_write
+    from kafka2pc.recipes.django._runtime import existing_runtime
 
     acks = ack_log(job)
     for j in range(job.get("transactions", 2)):
         phase["txn"] = j
         ids = [f"{job['series']}:{job['run']}-{j}-{m}" for m in range(job.get("records", 2))]
+        responding = job.get("point") == "responded" and j == job.get("crash_txn")
         with dual_write() as tx:
             for rid in ids:
                 Item.objects.create(id=rid, series=job["series"])
                 tx.produce(job["topic"], value=rid.encode(), key=rid.encode())
+            if responding:
+                _hold_kafka_commit(tx)
         for rid in ids:
             acks.record(rid)
+        if responding:
+            # The response is out; its Kafka commit runs in the pool's background: die now.
+            in_flight = existing_runtime("default").pool.metrics().commits_in_flight  # type: ignore[union-attr]
+            append_record(job["results"] + ".inflight", {"run": job["run"], "in_flight": in_flight})
+            kill_self()
+    if job.get("pipelined"):
+        # A kill at ``kafka_committed`` comes in the commit thread: wait for it (os._exit would not).
+        existing_runtime("default").pool.wait_visible(60)  # type: ignore[union-attr]
+
+
+def _hold_kafka_commit(tx: Any) -> None:
+    """Hold this block's background Kafka commit before it sends anything, until the child is killed.
+
+    The block still returns at the database COMMIT: the kill then lands after the response with the
+    Kafka transaction only prepared, every time (a commit left to run usually reaches the broker first).
+    The producer's method is wrapped on the instance, the way kafka2pc.otel instruments a producer.
+    """
+    producer = tx._producer
+    commit = producer.commit_transaction
+
+    def held(timeout: float | None = None) -> None:
+        threading.Event().wait(60)  # the kill comes first
+        commit(timeout)
+
+    producer.commit_transaction = held
 
 
 def zygote() -> None:

@@ -1,6 +1,7 @@
 """``POST /orders``: the order row and its ``OrderPlaced`` event, committed together or not at all.
 
-201: both are committed.  409: an order with that id exists (nothing written).  503: Kafka or the
+201: both are committed (with ``ORDERS_PIPELINED=1``: the row is, and the event is decided and
+visible a moment later).  409: an order with that id exists (nothing written).  503: Kafka or the
 pool could not serve the request within its bound (nothing written; retry).  400: bad input.
 ``GET /orders`` lists the ids (for the example's test), ``GET /health`` answers 200.
 """

@@ -14,6 +14,9 @@
     the pool's bounds (defaults 5, 5 and 15 s): a request ends within
     ``ACQUIRE_TIMEOUT_S + 2 * KAFKA_TIMEOUT_S``; a killed worker's ids are settled by the
     other workers about ``LEASE_S`` after it died.
+``ORDERS_PIPELINED``
+    ``1``: a request's response is sent once the database COMMIT is durable, and its Kafka commit
+    completes in the background (``POOL_OPTIONS["pipelined"]``, docs/django.md); default off.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ KAFKA2PC = {
         "acquire_timeout_s": float(os.environ.get("ORDERS_ACQUIRE_TIMEOUT_S", "5")),
         "lease_s": float(os.environ.get("ORDERS_LEASE_S", "15")),
         "max_slots": 4,
+        "pipelined": os.environ.get("ORDERS_PIPELINED", "") == "1",
     },
 }
 LOGGING = {
