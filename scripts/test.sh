@@ -87,6 +87,8 @@ print(*(w($base, n) for n in range(${KAFKA2PC_TEST_WORKERS:-3})))"); do
 }
 set +e
 if [ "$#" = 0 ]; then
+  # The property-based unit tests draw 0.3 of their examples (a new seed each run; the Python matrix 0.1).
+  export KAFKA2PC_PROPERTY_EXAMPLES_SCALE=${KAFKA2PC_PROPERTY_EXAMPLES_SCALE:-0.3}
   # Fresh brokers: a stopped broker keeps its data, and one restarted with the thousands of partitions an
   # earlier run left behind spends minutes loading them before it serves.
   wipe_blocks

@@ -58,7 +58,10 @@ def _workers(master: int) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("pipelined", [False, True], ids=["serial", "pipelined"])
+@pytest.mark.parametrize("pipelined", [
+    pytest.param(False, id="serial", marks=pytest.mark.campaign),  # about 55 s alone; CI runs the pipelined pool
+    pytest.param(True, id="pipelined"),
+])
 def test_gunicorn_workers_killed_and_broker_stopped_keep_rows_and_events_equal(
     pg_url: str, tmp_path: Path, pipelined: bool
 ) -> None:

@@ -156,6 +156,9 @@ def test_speculative_copy_fencing_the_original_makes_it_fail(
     assert_exactly_once(kafka_bootstrap, out, values(900))
 
 
+# Classic only (42 s more on Connect): the repair is the batch function's, whose Connect run (in the server's
+# foreachBatch worker, metrics to the client, decisions by the checkpoint) the other Connect cases exercise.
+@pytest.mark.spark_modes("classic")
 def test_late_speculative_copy_aborting_the_winner_is_repaired(
     spark: SparkSession, spark_mode: str, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:

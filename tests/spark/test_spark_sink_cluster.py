@@ -150,6 +150,7 @@ def test_speculative_copy_then_executor_killed_while_its_task_holds_a_prepared_t
 
 if "datasource" in PATHS:
 
+    @pytest.mark.campaign  # about 65 s; in CI the streaming job's executor is killed the same way
     def test_batch_job_with_an_executor_killed_while_its_task_holds_a_prepared_transaction(
         cluster: StandaloneCluster, kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
     ) -> None:

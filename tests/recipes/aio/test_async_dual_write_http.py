@@ -256,7 +256,10 @@ def recovery_decisions(log: Path) -> Counter[str]:
     return decisions
 
 
-@pytest.mark.parametrize("db_kind", ["postgresql", "sqlite"])
+@pytest.mark.parametrize("db_kind", [
+    "postgresql",
+    pytest.param("sqlite", marks=pytest.mark.campaign),  # about 65 s; SQLite's kill points are the crash matrix's
+])
 def test_fastapi_service_killed_under_load_keeps_rows_and_events_equal(
     db_kind: str, request: pytest.FixtureRequest, kafka_bootstrap: str, tmp_path: Path, seed: int
 ) -> None:
