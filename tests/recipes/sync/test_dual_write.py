@@ -572,6 +572,48 @@ def test_the_state_function_carries_the_update_and_a_writer_without_it_updates_i
     engine.dispose()
 
 
+def test_a_session_sends_the_state_with_the_commit_unless_its_commit_would_write_more(
+    pg_url: str, kafka_bootstrap: str
+) -> None:
+    """A Session's state update goes with the COMMIT in one round trip; a before_commit listener (it may write)
+    or a Session joined to a Connection's transaction keeps the update and the COMMIT apart."""
+    env = Env(pg_url, kafka_bootstrap)
+    seen: list[str] = []
+    sa.event.listen(env.engine, "before_cursor_execute", lambda _c, _cur, stmt, *_rest: seen.append(stmt))
+    writer = env.writer()
+    writer.recover()
+
+    def last_state_update() -> str:
+        return next(s for s in reversed(seen) if "kafka2pc_store_" in s or "UPDATE kafka_transaction_state" in s)
+
+    with Session(env.engine) as session, writer.transaction(session) as tx:
+        env.write(session, tx, "alone")
+    assert last_state_update().rstrip().endswith("COMMIT")
+
+    written: list[str] = []
+
+    def before_commit(session: Session) -> None:  # a hook that writes: inside the transaction, as before
+        full = f"{env.series}:hooked-{len(written)}"
+        written.append(full)
+        session.execute(env.items.insert().values(id=full, series=env.series))
+
+    with Session(env.engine) as session:
+        sa.event.listen(session, "before_commit", before_commit)
+        with writer.transaction(session) as tx:
+            env.write(session, tx, "with-hook")
+    assert not last_state_update().rstrip().endswith("COMMIT")
+    with env.engine.connect() as conn:
+        outer = conn.begin()
+        with Session(bind=conn) as session, writer.transaction(session) as tx:  # joins conn's transaction
+            env.write(session, tx, "joined")
+        assert not last_state_update().rstrip().endswith("COMMIT")
+        outer.commit()
+    assert env.rows() == {"alone", "with-hook", "hooked-0", "joined"}
+    writer.close()
+    env.metadata.drop_all(env.engine)
+    env.engine.dispose()
+
+
 def test_the_state_function_refuses_a_changed_row_and_quotes_odd_names(pg_url: str) -> None:
     """The function's guard is the inline update's: another version of the row makes it raise, nothing is stored."""
     from kafka2pc.recipes.dual_write import state_function_sql
