@@ -229,6 +229,15 @@ def test_recover_all_settles_many_transactional_ids_in_parallel(pg_env: Env) -> 
 # -- two instances, one transactional id ------------------------------------------------------
 
 
+def _session_committing_apart(engine: sa.Engine) -> Session:
+    """A Session whose ``commit()`` may write (a ``before_commit`` listener): its state update and its
+    COMMIT are two round trips on every database, so the row lock is held in between (the window the
+    tests below pause in).  A Session without one sends them together on PostgreSQL, as a Connection does."""
+    session = Session(engine)
+    sa.event.listen(session, "before_commit", lambda _session: None)
+    return session
+
+
 @pytest.mark.parametrize(
     ("paused_at", "second_settles_first"),
     [("body", False), ("storing", False), ("storing", True)],
@@ -240,7 +249,7 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
     """The KIP's split brain: the state row serializes them, Kafka's epoch fences the older one.
 
     The first instance is paused inside its block ("body") or between its
-    state update and its COMMIT ("storing", on a Session, whose COMMIT is a
+    state update and its COMMIT ("storing", on a Session whose COMMIT is a
     round trip of its own) while a second instance with the same id recovers.
 
     * While the first holds the state row's lock (SQLite: from its first
@@ -287,7 +296,7 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
 
     def first_holds_a_transaction() -> None:
         try:
-            with Session(env.engine) as session, first.transaction(session) as tx:
+            with _session_committing_apart(env.engine) as session, first.transaction(session) as tx:
                 env.write(session, tx, "a-2")
                 if paused_at == "body":
                     # Delivered, the record's partition is registered: the transaction is Ongoing at the
@@ -398,8 +407,8 @@ def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str
     """With a lock timeout (PostgreSQL: lock_timeout_s; SQLite: the driver's busy timeout) it does not wait.
 
     The second instance recovers while the first holds the state row's lock:
-    between its state update and its COMMIT (on a Session, where those are
-    two round trips).
+    between its state update and its COMMIT (on a Session whose commit() may
+    write, where those are two round trips).
     """
     sqlite = db_url.startswith("sqlite")
     impatient_engine = sa.create_engine(db_url, connect_args={"timeout": 0.3} if sqlite else {})
@@ -421,7 +430,7 @@ def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str
             seen["producer"] = second.producer
 
     control.fn = second_recovers
-    with Session(env.engine) as session, first.transaction(session) as tx:
+    with _session_committing_apart(env.engine) as session, first.transaction(session) as tx:
         env.write(session, tx, "held")
     assert seen["took"] < 5
     assert seen["producer"] is None  # it stopped before creating a producer: nothing fenced
