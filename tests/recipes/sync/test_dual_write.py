@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from harness.dw_crash import Zygote
-from harness.env import Env
+from harness.env import Env, session_committing_apart
 from kafka2pc.recipes.dual_write import (
     DualWriteMetrics,
     DualWriter,
@@ -229,15 +229,6 @@ def test_recover_all_settles_many_transactional_ids_in_parallel(pg_env: Env) -> 
 # -- two instances, one transactional id ------------------------------------------------------
 
 
-def _session_committing_apart(engine: sa.Engine) -> Session:
-    """A Session whose ``commit()`` may write (a ``before_commit`` listener): its state update and its
-    COMMIT are two round trips on every database, so the row lock is held in between (the window the
-    tests below pause in).  A Session without one sends them together on PostgreSQL, as a Connection does."""
-    session = Session(engine)
-    sa.event.listen(session, "before_commit", lambda _session: None)
-    return session
-
-
 @pytest.mark.parametrize(
     ("paused_at", "second_settles_first"),
     [("body", False), ("storing", False), ("storing", True)],
@@ -296,7 +287,7 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
 
     def first_holds_a_transaction() -> None:
         try:
-            with _session_committing_apart(env.engine) as session, first.transaction(session) as tx:
+            with session_committing_apart(env.engine) as session, first.transaction(session) as tx:
                 env.write(session, tx, "a-2")
                 if paused_at == "body":
                     # Delivered, the record's partition is registered: the transaction is Ongoing at the
@@ -430,7 +421,7 @@ def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str
             seen["producer"] = second.producer
 
     control.fn = second_recovers
-    with _session_committing_apart(env.engine) as session, first.transaction(session) as tx:
+    with session_committing_apart(env.engine) as session, first.transaction(session) as tx:
         env.write(session, tx, "held")
     assert seen["took"] < 5
     assert seen["producer"] is None  # it stopped before creating a producer: nothing fenced
