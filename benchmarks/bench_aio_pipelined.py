@@ -7,6 +7,9 @@ A "request" inserts one row and produces one record, as ``examples/fastapi_order
   event loop; each request opens an ``AsyncSession`` (psycopg's async driver), inserts, COMMITs, then
   runs a plain Kafka transaction on one of ``W`` confluent-kafka ``AIOProducer``\\ s (borrowed through an
   ``asyncio.Queue``): begin, produce, commit.  Nothing ties the two commits together;
+* **async non-atomic, kafka2pc**: the same, with kafka2pc's ``AsyncTwoPhaseCommitProducer`` in a
+  plain transaction (begin, produce, commit: no prepare) instead of ``AIOProducer``.  The ratios are
+  against the faster of the two non-atomic writes in each round (the baseline a service would pick);
 * **async pipelined pool**: ``AsyncWriterPool(pipelined=True)`` with ``size = max_slots = W``, ``C``
   tasks; the ``async with`` block returns once the database COMMIT is durable;
 * **sync pipelined pool**: ``WriterPool(pipelined=True)``, the same ids, ``C`` threads.
@@ -43,11 +46,13 @@ from kafka2pc.recipes.dual_write.aio import AsyncWriterPool
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
+from kafka2pc.aio import AsyncTwoPhaseCommitProducer
 from kafka2pc.testing import create_topic
 from kafka2pc.testing.postgres import fresh_database
 
 HEADING = "asyncio pipelined pool"
-VARIANTS = ("async non-atomic", "async pipelined", "sync pipelined")
+VARIANTS = ("async non-atomic", "async non-atomic k2pc", "async pipelined", "sync pipelined")
+BASELINES = ("async non-atomic", "async non-atomic k2pc")
 
 
 class Bench:
@@ -78,14 +83,25 @@ class Bench:
 
         self.producers = self.loop.run_until_complete(producers())
 
+        async def k2pc_producers() -> list[AsyncTwoPhaseCommitProducer]:
+            made = []
+            for i in range(max_writers):
+                producer = AsyncTwoPhaseCommitProducer({"bootstrap.servers": bootstrap, "linger.ms": 0,
+                                                        "transactional.id": f"bench-aiop-k-{self.run_id}-{i}"})
+                await producer.init_transactions()
+                made.append(producer)
+            return made
+
+        self.k2pc_producers = self.loop.run_until_complete(k2pc_producers())
+
     def _pool_kwargs(self, writers: int, kind: str) -> dict[str, object]:
         return {"prefix": f"bench-aiop-{kind}-{self.run_id}-{writers}", "size": writers, "max_slots": writers,
                 "pipelined": True, "state_table": self.states, "lease_table": self.leases}
 
-    def nonatomic(self, concurrency: int, writers: int, seconds: float, tag: str) -> float:
+    def nonatomic(self, concurrency: int, writers: int, seconds: float, tag: str, *, k2pc: bool = False) -> float:
         async def main() -> float:
-            free: asyncio.Queue[AIOProducer] = asyncio.Queue()
-            for p in self.producers[:writers]:
+            free: asyncio.Queue[AIOProducer | AsyncTwoPhaseCommitProducer] = asyncio.Queue()
+            for p in (self.k2pc_producers if k2pc else self.producers)[:writers]:
                 free.put_nowait(p)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + seconds
@@ -189,6 +205,7 @@ class Bench:
 
     def run_variant(self, variant: str, concurrency: int, writers: int, seconds: float, tag: str) -> float:
         run = {"async non-atomic": self.nonatomic, "async pipelined": self.async_pipelined,
+               "async non-atomic k2pc": lambda c, w, s, t: self.nonatomic(c, w, s, t, k2pc=True),
                "sync pipelined": self.sync_pipelined}[variant]
         return run(concurrency, writers, seconds, tag)
 
@@ -196,6 +213,8 @@ class Bench:
         async def close_async() -> None:
             for p in self.producers:
                 await p.close()
+            for k in self.k2pc_producers:
+                await k.close()
             await self.async_engine.dispose()
 
         self.loop.run_until_complete(close_async())
@@ -215,12 +234,14 @@ def run(rounds: int, seconds: float, configs: list[tuple[int, int]]) -> list[dic
                     bench.run_variant(variant, concurrency, writers, 0.5, f"{tag}-warm-{variant[:3]}{variant[-3:]}")
                 rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
                 for r in range(rounds):
-                    order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+                    order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
                     for variant in order:
                         rates[variant].append(bench.run_variant(variant, concurrency, writers, seconds,
                                                                 f"{tag}-{r}-{VARIANTS.index(variant)}"))
                 bench.close_pools()
-                vs_nonatomic = [a / b for a, b in zip(rates["async pipelined"], rates["async non-atomic"], strict=True)]
+                faster = [max(a, k) for a, k in zip(*(rates[b] for b in BASELINES), strict=True)]
+                vs_nonatomic = [a / b for a, b in zip(rates["async pipelined"], faster, strict=True)]
+                k2pc_vs_aio = [k / a for a, k in zip(*(rates[b] for b in BASELINES), strict=True)]
                 vs_sync = [a / b for a, b in zip(rates["async pipelined"], rates["sync pipelined"], strict=True)]
                 results.append({
                     "concurrency": concurrency, "writers": writers,
@@ -228,6 +249,7 @@ def run(rounds: int, seconds: float, configs: list[tuple[int, int]]) -> list[dic
                     "ratio": statistics.median(vs_nonatomic), "ratio_min": min(vs_nonatomic),
                     "ratio_max": max(vs_nonatomic), "vs_sync": statistics.median(vs_sync),
                     "vs_sync_min": min(vs_sync), "vs_sync_max": max(vs_sync),
+                    "k2pc_vs_aio": statistics.median(k2pc_vs_aio),
                 })
                 print(_table(results[-1:]).splitlines()[-1], flush=True)
         finally:
@@ -237,13 +259,15 @@ def run(rounds: int, seconds: float, configs: list[tuple[int, int]]) -> list[dic
 
 def _table(results: list[dict[str, float]]) -> str:
     lines = [
-        "| concurrent requests | ids | async non-atomic txn/s | async pipelined txn/s | sync pipelined txn/s "
-        "| async pipelined / async non-atomic (min..max) | async pipelined / sync pipelined (min..max) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| concurrent requests | ids | async non-atomic (AIOProducer) txn/s | async non-atomic (kafka2pc.aio) txn/s "
+        "| kafka2pc.aio / AIOProducer | async pipelined txn/s | sync pipelined txn/s "
+        "| async pipelined / faster async non-atomic (min..max) | async pipelined / sync pipelined (min..max) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lines.append(
             f"| {int(r['concurrency'])} | {int(r['writers'])} | {r['async non-atomic']:.0f} "
+            f"| {r['async non-atomic k2pc']:.0f} | {r['k2pc_vs_aio']:.2f}x "
             f"| {r['async pipelined']:.0f} | {r['sync pipelined']:.0f} "
             f"| **{r['ratio']:.2f}x** ({r['ratio_min']:.2f}..{r['ratio_max']:.2f}) "
             f"| {r['vs_sync']:.2f}x ({r['vs_sync_min']:.2f}..{r['vs_sync_max']:.2f}) |"
@@ -256,7 +280,9 @@ def _record(results: list[dict[str, float]], rounds: int, seconds: float) -> Non
     section = (
         "`python benchmarks/bench_aio_pipelined.py`: requests per second (one row and one record per request) of "
         "`AsyncWriterPool(pipelined=True)` against the asyncio non-atomic write (an `AsyncSession` COMMIT, then a "
-        "plain transaction on a confluent-kafka `AIOProducer`) and against the sync `WriterPool(pipelined=True)`, "
+        "plain transaction on a confluent-kafka `AIOProducer` or on kafka2pc's `AsyncTwoPhaseCommitProducer`; "
+        "the ratio is against the faster of the two in each round) and against the sync "
+        "`WriterPool(pipelined=True)`, "
         f"on PostgreSQL, with the same number of transactional ids. {rounds} interleaved rounds of {seconds:g} s per "
         "variant; txn/s are medians, ratios medians of per-round ratios (min..max).\n\n"
         f"{_table(results)}\n\n"

@@ -59,8 +59,27 @@ class Bound:
     misuse_while_failing: bool = False
     """The rollback happened while an exception was being handled (e.g. SQLAlchemy's own rollback
     after a failed flush): that exception, not the misuse, is the one to report."""
+    orm: Session | None = None
+    """The Session, for a Session (see :meth:`commits_alone`)."""
     _ours: bool = field(default=False)
     _installed: bool = field(default=False)
+
+    def commits_alone(self) -> bool:
+        """True when a COMMIT the recipe sends on :attr:`connection` is all :meth:`commit` would commit.
+
+        Always for a Connection.  For a Session (after :attr:`flush`), when its
+        ``commit()`` would write nothing more and end only this transaction: no
+        ``before_commit`` listener, nothing left to flush, not two-phase, and
+        bound to an Engine (a Session joined to a Connection's transaction does
+        not commit it).  Then the state update can go with the COMMIT in one
+        round trip, and ``commit()`` afterwards is the Session's bookkeeping.
+        """
+        session = self.orm
+        if session is None:
+            return True
+        return (not session.twophase and not session.dispatch.before_commit
+                and isinstance(session.get_bind(), sa.Engine)
+                and not session.new and not session.deleted and not session.dirty)
 
     def install(self) -> None:
         """Start guarding the bound transaction."""
@@ -175,7 +194,8 @@ def _on_rollback(conn: sa.Connection) -> None:
 def bind(target: Bind, transactional_id: str) -> Bound:
     """The :class:`Bound` of a Session (its connection, flushed before the prepare) or a Connection."""
     if isinstance(target, Session):
-        return Bound(target.connection(), target.flush, target.commit, target.rollback, True, transactional_id)
+        return Bound(target.connection(), target.flush, target.commit, target.rollback, True, transactional_id,
+                     orm=target)
     if isinstance(target, sa.Connection):
         if not target.in_transaction():
             target.begin()

@@ -200,9 +200,10 @@ class TransactionRunner:
             core.step(Step.PREPARED)
             if core.retain:
                 core.insert_outbox(conn, state, contents.records)
-            # PostgreSQL over psycopg 3 with a Connection: the state update goes with the
-            # COMMIT in one round trip (store_and_commit); Steps as if they were two.
-            combined = store.combined_commit and not bound.session
+            # PostgreSQL over psycopg 3 with a Connection, or a Session whose commit() would write
+            # nothing more: the state update goes with the COMMIT in one round trip
+            # (store_and_commit); Steps as if they were two.
+            combined = store.combined_commit and bound.commits_alone()
             if not combined:
                 token = store.store(conn, core.tid, str(state), token, core.last_state)
             core.step(Step.STATE_STORED)

@@ -9,10 +9,20 @@ import sqlalchemy as sa
 from kafka2pc.recipes.dual_write import DualWriter, define_outbox_table, define_state_table
 from kafka2pc.recipes.dual_write.aio import AsyncDualWriter
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.orm import Session
 
 from harness.adw_crash import async_url
 from harness.dw_crash import check_consistency, items_table
 from kafka2pc.testing import create_topic, drain
+
+
+def session_committing_apart(engine: sa.Engine) -> Session:
+    """A Session whose ``commit()`` may write (a ``before_commit`` listener): the writer sends its state
+    update and its COMMIT in two round trips on every database, holding the row lock in between (the
+    window a test pauses in).  A Session without one sends both at once on PostgreSQL, as a Connection does."""
+    session = Session(engine)
+    sa.event.listen(session, "before_commit", lambda _session: None)
+    return session
 
 
 class Env:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from harness.dw_crash import Zygote
-from harness.env import Env
+from harness.env import Env, session_committing_apart
 from kafka2pc.recipes.dual_write import (
     DualWriteMetrics,
     DualWriter,
@@ -240,7 +240,7 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
     """The KIP's split brain: the state row serializes them, Kafka's epoch fences the older one.
 
     The first instance is paused inside its block ("body") or between its
-    state update and its COMMIT ("storing", on a Session, whose COMMIT is a
+    state update and its COMMIT ("storing", on a Session whose COMMIT is a
     round trip of its own) while a second instance with the same id recovers.
 
     * While the first holds the state row's lock (SQLite: from its first
@@ -287,7 +287,7 @@ def test_two_instances_with_the_same_transactional_id_do_not_corrupt_each_other(
 
     def first_holds_a_transaction() -> None:
         try:
-            with Session(env.engine) as session, first.transaction(session) as tx:
+            with session_committing_apart(env.engine) as session, first.transaction(session) as tx:
                 env.write(session, tx, "a-2")
                 if paused_at == "body":
                     # Delivered, the record's partition is registered: the transaction is Ongoing at the
@@ -398,8 +398,8 @@ def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str
     """With a lock timeout (PostgreSQL: lock_timeout_s; SQLite: the driver's busy timeout) it does not wait.
 
     The second instance recovers while the first holds the state row's lock:
-    between its state update and its COMMIT (on a Session, where those are
-    two round trips).
+    between its state update and its COMMIT (on a Session whose commit() may
+    write, where those are two round trips).
     """
     sqlite = db_url.startswith("sqlite")
     impatient_engine = sa.create_engine(db_url, connect_args={"timeout": 0.3} if sqlite else {})
@@ -421,7 +421,7 @@ def test_a_second_instance_fails_early_on_the_lock_timeout(env: Env, db_url: str
             seen["producer"] = second.producer
 
     control.fn = second_recovers
-    with Session(env.engine) as session, first.transaction(session) as tx:
+    with session_committing_apart(env.engine) as session, first.transaction(session) as tx:
         env.write(session, tx, "held")
     assert seen["took"] < 5
     assert seen["producer"] is None  # it stopped before creating a producer: nothing fenced
@@ -570,6 +570,48 @@ def test_the_state_function_carries_the_update_and_a_writer_without_it_updates_i
     env.metadata.drop_all(engine)  # drops the function with the table
     assert not has_function()
     engine.dispose()
+
+
+def test_a_session_sends_the_state_with_the_commit_unless_its_commit_would_write_more(
+    pg_url: str, kafka_bootstrap: str
+) -> None:
+    """A Session's state update goes with the COMMIT in one round trip; a before_commit listener (it may write)
+    or a Session joined to a Connection's transaction keeps the update and the COMMIT apart."""
+    env = Env(pg_url, kafka_bootstrap)
+    seen: list[str] = []
+    sa.event.listen(env.engine, "before_cursor_execute", lambda _c, _cur, stmt, *_rest: seen.append(stmt))
+    writer = env.writer()
+    writer.recover()
+
+    def last_state_update() -> str:
+        return next(s for s in reversed(seen) if "kafka2pc_store_" in s or "UPDATE kafka_transaction_state" in s)
+
+    with Session(env.engine) as session, writer.transaction(session) as tx:
+        env.write(session, tx, "alone")
+    assert last_state_update().rstrip().endswith("COMMIT")
+
+    written: list[str] = []
+
+    def before_commit(session: Session) -> None:  # a hook that writes: inside the transaction, as before
+        full = f"{env.series}:hooked-{len(written)}"
+        written.append(full)
+        session.execute(env.items.insert().values(id=full, series=env.series))
+
+    with Session(env.engine) as session:
+        sa.event.listen(session, "before_commit", before_commit)
+        with writer.transaction(session) as tx:
+            env.write(session, tx, "with-hook")
+    assert not last_state_update().rstrip().endswith("COMMIT")
+    with env.engine.connect() as conn:
+        outer = conn.begin()
+        with Session(bind=conn) as session, writer.transaction(session) as tx:  # joins conn's transaction
+            env.write(session, tx, "joined")
+        assert not last_state_update().rstrip().endswith("COMMIT")
+        outer.commit()
+    assert env.rows() == {"alone", "with-hook", "hooked-0", "joined"}
+    writer.close()
+    env.metadata.drop_all(env.engine)
+    env.engine.dispose()
 
 
 def test_the_state_function_refuses_a_changed_row_and_quotes_odd_names(pg_url: str) -> None:

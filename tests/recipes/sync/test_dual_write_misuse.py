@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from harness.env import Env
+from harness.env import Env, session_committing_apart
 from kafka2pc.recipes.dual_write import (
     DualWriter,
     StateRowLockedError,
@@ -209,8 +209,8 @@ def test_lock_contention_in_recover_is_a_typed_error(env: Env, any_db_url: str) 
     second = DualWriter(impatient, {"bootstrap.servers": env.bootstrap, "transactional.id": first.transactional_id},
                         state_table=env.states, lock_timeout_s=None if sqlite else 0.3)
 
-    def first_writes() -> None:
-        with Session(env.engine) as session, first.transaction(session) as tx:
+    def first_writes() -> None:  # held between its state update and its COMMIT (two round trips)
+        with session_committing_apart(env.engine) as session, first.transaction(session) as tx:
             env.write(session, tx, "held")
 
     holder = threading.Thread(target=first_writes)
