@@ -7,7 +7,7 @@ transaction one row and one record:
   plain confluent-kafka transactional producer and connection: INSERT, COMMIT, then begin, produce,
   commit on Kafka;
 * **pipelined**: one ``WriterPool(pipelined=True)`` shared by the ``W`` threads (``size = max_slots =
-  2 W``), the ``with`` block returning once the database COMMIT is durable.
+  2 W``, or ``--max-slots``), the ``with`` block returning once the database COMMIT is durable.
 
 Rounds are interleaved (the order alternates), each figure the median of the rounds, each ratio the median
 of per-round ratios with min..max. The client's CPU per transaction and the load average are printed with
@@ -125,14 +125,15 @@ class Curve:
         self.engine.dispose()
 
 
-def curve(url: str, bootstrap: str, writer_counts: list[int], rounds: int, seconds: float) -> list[dict[str, Any]]:
+def curve(url: str, bootstrap: str, writer_counts: list[int], rounds: int, seconds: float,
+          max_slots: int | None = None) -> list[dict[str, Any]]:
     bench = Curve(url, bootstrap, max(writer_counts))
     results = []
     try:
         for writers in writer_counts:
             pool = WriterPool(bench.engine, {"bootstrap.servers": bootstrap},
                               prefix=f"bench-scale-{bench.run_id}-w{writers}", size=2 * writers,
-                              max_slots=2 * writers, pipelined=True)
+                              max_slots=max_slots or 2 * writers, pipelined=True)
             pool.start()
             try:
                 tag = f"{bench.run_id}-w{writers}"
@@ -151,7 +152,7 @@ def curve(url: str, bootstrap: str, writer_counts: list[int], rounds: int, secon
                 pool.close()
             ratios = [p / n for p, n in zip(rates["pipelined"], rates["non-atomic"], strict=True)]
             row = {
-                "writers": writers, "non_atomic": statistics.median(rates["non-atomic"]),
+                "writers": writers, "slots": max_slots or 2 * writers, "non_atomic": statistics.median(rates["non-atomic"]),
                 "pipelined": statistics.median(rates["pipelined"]), "ratio": statistics.median(ratios),
                 "min": min(ratios), "max": max(ratios), "cpu_non_atomic": statistics.median(cpu["non-atomic"]),
                 "cpu_pipelined": statistics.median(cpu["pipelined"]), "load": os.getloadavg()[0],
@@ -236,13 +237,13 @@ def background(url: str, bootstrap: str, ids: int, instances: int, idle_s: float
 
 def _curve_table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| writers | non-atomic txn/s | pipelined txn/s | **pipelined / non-atomic** | min..max "
+        "| writers | pool slots | non-atomic txn/s | pipelined txn/s | **pipelined / non-atomic** | min..max "
         "| client CPU ms per txn, non-atomic / pipelined | load average |",
-        "|---:|---:|---:|---:|---:|---|---:|",
+        "|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in results:
         lines.append(
-            f"| {r['writers']} | {r['non_atomic']:.0f} | {r['pipelined']:.0f} | **{r['ratio']:.2f}x** "
+            f"| {r['writers']} | {r['slots']} | {r['non_atomic']:.0f} | {r['pipelined']:.0f} | **{r['ratio']:.2f}x** "
             f"| {r['min']:.2f}..{r['max']:.2f} | {r['cpu_non_atomic']:.2f} / {r['cpu_pipelined']:.2f} "
             f"| {r['load']:.1f} |"
         )
@@ -266,6 +267,8 @@ def _background_table(results: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--writers", default="1,2,4,8,16,32,64", help="concurrent writers, comma-separated")
+    parser.add_argument("--max-slots", type=int, default=None,
+                        help="the pool's max_slots (default: two per writer, so that no writer waits for a slot)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--ids", default="64,256", help="pool sizes of the background measure, comma-separated")
@@ -280,7 +283,8 @@ def main() -> None:
     background_rows: list[dict[str, Any]] = []
     with fresh_database() as url:
         if not args.skip_curve:
-            curve_rows = curve(url, bootstrap, [int(w) for w in args.writers.split(",")], args.rounds, args.seconds)
+            curve_rows = curve(url, bootstrap, [int(w) for w in args.writers.split(",")], args.rounds, args.seconds,
+                               args.max_slots)
         if not args.skip_background:
             for ids in (int(n) for n in args.ids.split(",")):
                 background_rows.append(background(url, bootstrap, ids, args.instances, args.idle_s))

@@ -34,7 +34,9 @@ def first_table(output: str) -> tuple[list[str], list[list[str]]]:
             header = [c.strip() for c in lines[i].strip("|").split("|")]
             rows = []
             i += 2
-            while i < len(lines) and lines[i].startswith("| "):
+            while i < len(lines) and lines[i].startswith("| ") and not (
+                i + 1 < len(lines) and lines[i + 1].startswith("|---")  # the next table's header
+            ):
                 rows.append([c.strip() for c in lines[i].strip("|").split("|")])
                 i += 1
             tables.append((header, rows))
