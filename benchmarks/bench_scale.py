@@ -14,7 +14,8 @@ of per-round ratios with min..max. The client's CPU per transaction and the load
 each row.
 
 **The background.** ``--instances`` pools (one process, each its own engine, as that many service
-instances) share a pool of 64 or 256 ids; after a burst of transactions has leased ``max_slots`` ids each,
+instances) share a pool of 64 or 256 ids; after a burst of transactions has leased ``max_slots`` ids each
+(the default, 8, or fewer when the ids do not go round),
 they sit idle for ``--idle-s`` seconds. Counted meanwhile, through SQLAlchemy's ``before_cursor_execute``
 event on their engines: lease renewals (UPDATEs of the lease table), orphan scans (SELECTs of it) and all
 statements, per second; and the CPU of the client and of the benchmark database's PostgreSQL backends,
@@ -190,7 +191,7 @@ def background(url: str, bootstrap: str, ids: int, instances: int, idle_s: float
     setup.dispose()
     engines, pools = [], []
     try:
-        slots = max(1, ids // instances)
+        slots = max(1, min(ids // instances, 8))  # the pool's default max_slots, within the ids
         for i in range(instances):
             engine = sa.create_engine(url, pool_size=slots + 4, max_overflow=4)
             sa.event.listen(engine, "before_cursor_execute", count)
