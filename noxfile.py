@@ -22,8 +22,8 @@ SQLAlchemy is pinned per Python so that both supported lines are tested on purpo
 2.0.x on 3.10, 2.1.x on 3.13 (the full suite takes the newest, 2.1.x).
 
 The full suite runs on one Python (``./scripts/test.sh``, 3.11 in CI); CI runs this session on
-every other supported Python (3.10, 3.12, 3.13), so each of 3.10 to 3.13 is tested.  On 3.12, between
-the ends, the session runs the unit and packaging tests only (``UNIT_ONLY_PYTHONS``).  Interpreters are
+every other supported Python (3.10, 3.12, 3.13), so each of 3.10 to 3.13 is tested.  3.12 and 3.13 run
+a smaller subset (``SUBSETS``).  Interpreters are
 taken from ``$PATH`` or, when missing there, from pyenv (``~/.pyenv/versions``).
 Extra arguments go to pytest: ``nox -s tests-3.13 -- -x -k crash``.
 """
@@ -53,9 +53,13 @@ OTHER_BROKER_LINES = [  # what differs between broker lines is the broker, not t
     for line in ("previous", "legacy")
 ]
 
-UNIT_ONLY_PYTHONS = frozenset({"3.12"})
-"""The Pythons between the oldest and the newest: their session runs the unit and packaging tests only (the
-integration subset tests the interpreter's ends, 3.10 and 3.13, and the full suite 3.11)."""
+SUBSETS = {
+    "3.12": ["tests/testing/test_packaging.py"],
+    "3.13": ["tests/django/test_django_dual_write.py", "tests/testing/test_packaging.py"],
+}
+"""What a Python's session runs besides the unit tests, where it is not :data:`INTEGRATION_SUBSET`: 3.12, between
+the ends, the packaging tests; 3.13, the newest, also the Django app on Django's newest major.  The whole
+subset runs on 3.10 (with SQLAlchemy 2.0 and Django's LTS) and the full suite on 3.11."""
 
 TEST_EXTRAS = "sql,postgres,mysql,cli,otel,aio,django"
 """The extras the ``test`` dependency group's tests import (scripts/setup.sh's GROUP_EXTRAS)."""
@@ -88,7 +92,7 @@ _add_pyenv_interpreters()
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
-    """Unit tests plus the core, recipe and packaging integration subset on this Python."""
+    """Unit tests plus this Python's integration subset (``INTEGRATION_SUBSET``, or ``SUBSETS``)."""
     session.install("-e", f".[{TEST_EXTRAS}]", "--group", "test")
     line = SQLALCHEMY_LINES.get(str(session.python))
     if line is not None:
@@ -103,7 +107,7 @@ def tests(session: nox.Session) -> None:
         session.run("python", "-c", f"import django; v = django.__version__; print('Django', v); "
                     f"assert v.startswith('{low}.'), v")
     deselect = [arg for test in OTHER_BROKER_LINES for arg in ("--deselect", test)]
-    subset = INTEGRATION_SUBSET if str(session.python) not in UNIT_ONLY_PYTHONS else ["tests/testing/test_packaging.py"]
+    subset = {**{v: INTEGRATION_SUBSET for v in PYTHONS}, **SUBSETS}[str(session.python)]
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *deselect, "tests/unit", *subset,
                 *session.posargs, env={"KAFKA2PC_CRASH_RACE_RUNS": "8", "KAFKA2PC_PROPERTY_EXAMPLES_SCALE": "0.1"})
 

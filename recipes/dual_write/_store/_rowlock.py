@@ -5,7 +5,8 @@ moving ``updated_at`` strictly forward) runs over one *lock* object per
 database family, which says how that database locks, creates and reads the
 row (:class:`_SelectForUpdate`, :class:`_SQLiteWriteLock`,
 :class:`_InnoDBLocks`).  Each public store holds a fence over its family's
-locks; :class:`SQLiteStore` and :class:`MySQLStore` are registered as
+locks, and its methods are the same functions over that fence;
+:class:`SQLiteStore` and :class:`MySQLStore` are registered as
 :class:`RowLockStore`\\ s (``isinstance`` holds, as in 1.0) without
 inheriting its code.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 from abc import ABCMeta
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import sqlalchemy as sa
 
@@ -190,6 +191,42 @@ class _RowFence:
         return None if row is None else _token(row[0])
 
 
+class _Fenced(Protocol):
+    """A public store: its operations are its fence's (the functions below, each store's methods)."""
+
+    @property
+    def _fence(self) -> _RowFence: ...
+
+
+def _claim(self: _Fenced, conn: sa.Connection, tid: str, *, lock_timeout_s: float | None) -> Claimed:
+    return self._fence.claim(conn, tid, lock_timeout_s)
+
+
+def _touch(self: _Fenced, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
+    return self._fence.touch(conn, tid, token, lock_timeout_s)
+
+
+def _store(self: _Fenced, conn: sa.Connection, tid: str, state: str | None, token: str, last: str | None) -> str:
+    return self._fence.store(conn, tid, state, token, last)
+
+
+def _no_store_and_commit(self: _Fenced, conn: sa.Connection, tid: str, state: str, token: str,
+                         last: str | None) -> str:
+    raise IllegalStateError(f"{type(self).__name__} has no combined state update and COMMIT")
+
+
+def _read_settled(self: _Fenced, conn: sa.Connection, tid: str, *, lock_timeout_s: float) -> str | None:
+    return self._fence.locks.read_settled(conn, tid, lock_timeout_s)
+
+
+def _version(self: _Fenced, conn: sa.Connection, tid: str) -> str | None:
+    return self._fence.version(conn, tid)
+
+
+def _is_lock_error(self: _Fenced, exc: sa.exc.DBAPIError) -> bool:
+    return self._fence.locks.is_lock_error(exc)
+
+
 class RowLockStore(metaclass=ABCMeta):  # noqa: B024 (ABCMeta for register(): no abstract methods)
     """Any database with row locks (``SELECT .. FOR UPDATE``): the writer locks the row at its start.
 
@@ -205,29 +242,14 @@ class RowLockStore(metaclass=ABCMeta):  # noqa: B024 (ABCMeta for register(): no
         self.table = table
         self._fence = _RowFence(_SelectForUpdate(table))
 
-    def claim(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float | None) -> Claimed:
-        return self._fence.claim(conn, tid, lock_timeout_s)
-
-    def touch(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
-        return self._fence.touch(conn, tid, token, lock_timeout_s)
-
-    def enter(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
-        return self._fence.touch(conn, tid, token, lock_timeout_s)
-
-    def store(self, conn: sa.Connection, tid: str, state: str | None, token: str, last: str | None) -> str:
-        return self._fence.store(conn, tid, state, token, last)
-
-    def store_and_commit(self, conn: sa.Connection, tid: str, state: str, token: str, last: str | None) -> str:
-        raise IllegalStateError(f"{type(self).__name__} has no combined state update and COMMIT")
-
-    def read_settled(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float) -> str | None:
-        return self._fence.locks.read_settled(conn, tid, lock_timeout_s)
-
-    def version(self, conn: sa.Connection, tid: str) -> str | None:
-        return self._fence.version(conn, tid)
-
-    def is_lock_error(self, exc: sa.exc.DBAPIError) -> bool:
-        return self._fence.locks.is_lock_error(exc)
+    claim = _claim
+    touch = _touch
+    enter = _touch  # the row is locked at the transaction's start: entering is a touch
+    store = _store
+    store_and_commit = _no_store_and_commit
+    read_settled = _read_settled
+    version = _version
+    is_lock_error = _is_lock_error
 
 
 class SQLiteStore:
@@ -240,29 +262,14 @@ class SQLiteStore:
         self.table = table
         self._fence = _RowFence(_SQLiteWriteLock(table))
 
-    def claim(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float | None) -> Claimed:
-        return self._fence.claim(conn, tid, lock_timeout_s)
-
-    def touch(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
-        return self._fence.touch(conn, tid, token, lock_timeout_s)
-
-    def enter(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
-        return self._fence.touch(conn, tid, token, lock_timeout_s)
-
-    def store(self, conn: sa.Connection, tid: str, state: str | None, token: str, last: str | None) -> str:
-        return self._fence.store(conn, tid, state, token, last)
-
-    def store_and_commit(self, conn: sa.Connection, tid: str, state: str, token: str, last: str | None) -> str:
-        raise IllegalStateError(f"{type(self).__name__} has no combined state update and COMMIT")
-
-    def read_settled(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float) -> str | None:
-        return self._fence.locks.read_settled(conn, tid, lock_timeout_s)
-
-    def version(self, conn: sa.Connection, tid: str) -> str | None:
-        return self._fence.version(conn, tid)
-
-    def is_lock_error(self, exc: sa.exc.DBAPIError) -> bool:
-        return self._fence.locks.is_lock_error(exc)
+    claim = _claim
+    touch = _touch
+    enter = _touch  # the row is locked at the transaction's start: entering is a touch
+    store = _store
+    store_and_commit = _no_store_and_commit
+    read_settled = _read_settled
+    version = _version
+    is_lock_error = _is_lock_error
 
 
 class MySQLStore:
@@ -278,29 +285,14 @@ class MySQLStore:
         self.table = table
         self._fence = _RowFence(_InnoDBLocks(table))
 
-    def claim(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float | None) -> Claimed:
-        return self._fence.claim(conn, tid, lock_timeout_s)
-
-    def touch(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
-        return self._fence.touch(conn, tid, token, lock_timeout_s)
-
-    def enter(self, conn: sa.Connection, tid: str, token: str, *, lock_timeout_s: float | None) -> str:
-        return self._fence.touch(conn, tid, token, lock_timeout_s)
-
-    def store(self, conn: sa.Connection, tid: str, state: str | None, token: str, last: str | None) -> str:
-        return self._fence.store(conn, tid, state, token, last)
-
-    def store_and_commit(self, conn: sa.Connection, tid: str, state: str, token: str, last: str | None) -> str:
-        raise IllegalStateError(f"{type(self).__name__} has no combined state update and COMMIT")
-
-    def read_settled(self, conn: sa.Connection, tid: str, *, lock_timeout_s: float) -> str | None:
-        return self._fence.locks.read_settled(conn, tid, lock_timeout_s)
-
-    def version(self, conn: sa.Connection, tid: str) -> str | None:
-        return self._fence.version(conn, tid)
-
-    def is_lock_error(self, exc: sa.exc.DBAPIError) -> bool:
-        return self._fence.locks.is_lock_error(exc)
+    claim = _claim
+    touch = _touch
+    enter = _touch  # the row is locked at the transaction's start: entering is a touch
+    store = _store
+    store_and_commit = _no_store_and_commit
+    read_settled = _read_settled
+    version = _version
+    is_lock_error = _is_lock_error
 
 
 RowLockStore.register(SQLiteStore)
