@@ -62,9 +62,8 @@ class TransactionRunner:
         self._core = core
         self._recovery = recovery
         self._settler = settler
-        self._serial = threading.Lock()
-        self._holder: int | None = None
-        """The thread running a transaction or a recovery now (nesting is refused)."""
+        self._serial = _Serial()
+        """Held by the thread running a transaction or a recovery now (nesting is refused)."""
         self.open_since: float | None = None
         """``time.monotonic()`` when the open transaction began (``None``: none open)."""
         self.committed = 0
@@ -116,18 +115,13 @@ class TransactionRunner:
         with self._exclusive():
             return self._recovery.recover(raise_on_heuristic=raise_on_heuristic, acknowledge=acknowledge)
 
-    @contextmanager
-    def _exclusive(self) -> Iterator[None]:
+    def _exclusive(self) -> _Serial:
+        """Held while one transaction or recovery runs: refused in a forked child and when nested."""
         if self._forks != forks_seen():
             raise self._forked_error()
-        if self._holder == threading.get_ident():
+        if self._serial.holder == threading.get_ident():
             raise IllegalStateError(f"{self._core.tid!r}: transaction() and recover() cannot be nested")
-        with self._serial:
-            self._holder = threading.get_ident()
-            try:
-                yield
-            finally:
-                self._holder = None
+        return self._serial
 
     def _ensure_ready(self, ready_by: float | None = None) -> None:
         """Recover first if needed, within ``kafka_timeout_s`` (and by ``ready_by``, a ``time.monotonic()``).
@@ -253,9 +247,10 @@ class TransactionRunner:
         token: str, combined: bool, cleaned: bool, defer: DeferCommit | None = None,
     ) -> None:
         core = self._core
+        stored = str(state)
         try:
             if combined:
-                token = core.store.store_and_commit(bound.connection, core.tid, str(state), token, core.last_state)
+                token = core.store.store_and_commit(bound.connection, core.tid, stored, token, core.last_state)
             bound.commit()  # after store_and_commit: bookkeeping only, psycopg sends nothing
         except TakenOver as exc:  # the guarded update failed: nothing committed
             raise self._fail(bound, producer, exc) from exc
@@ -265,7 +260,7 @@ class TransactionRunner:
                 raise
             self.committed += 1
             return
-        core.wrote(str(state), token)
+        core.wrote(stored, token)
         core.mark_outbox(core.retain or (core.outbox_dirty and not cleaned))
         core.step(Step.DB_COMMITTED)
         if defer is not None:
@@ -285,3 +280,23 @@ class TransactionRunner:
             core.to(WriterState.READY)
         self.committed += 1
         core.step(Step.KAFKA_COMMITTED)
+
+
+
+class _Serial:
+    """One transaction or recovery at a time, and which thread runs it (a plain context manager)."""
+
+    __slots__ = ("_lock", "holder")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.holder: int | None = None
+        """The thread inside now (``None``: none)."""
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self.holder = threading.get_ident()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.holder = None
+        self._lock.release()
