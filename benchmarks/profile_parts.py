@@ -137,7 +137,7 @@ def main() -> None:
             "recipe: DualWriter": recipe,
             "recipe: WriterPool(pipelined=True)": pipelined,
         }
-        for name, part in parts.items():  # warm-up: connections, metadata, prepared statements
+        for part in parts.values():  # warm-up: connections, metadata, prepared statements
             _cpu_us(part, 20, 10**8)
         pool.wait_visible()
         found: dict[str, list[float]] = {name: [] for name in parts}
