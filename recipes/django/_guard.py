@@ -29,15 +29,33 @@ if TYPE_CHECKING:
 
 __all__ = ["BlockGuards", "OtherAliasGuard", "StatementGuard"]
 
-_ENDS_TRANSACTION = re.compile(
-    r"(?:^|;)\s*(COMMIT|END|ABORT|ROLLBACK(?!\s+(?:WORK\s+|TRANSACTION\s+)?TO\b)|BEGIN|START\s+TRANSACTION|"
-    r"PREPARE\s+TRANSACTION|XA\s)",
-    re.IGNORECASE,
+
+class _Leading:
+    r"""Statements that begin with one of ``keywords``, alone or after a ``;`` (a multi-statement string).
+
+    What ``re.search(r"(?:^|;)\s*(keywords)")`` finds, without running the
+    pattern at every position of every statement the block sends: a match at
+    the start, else (only for a string with a ``;``) the first one after a ``;``.
+    """
+
+    def __init__(self, keywords: str) -> None:
+        self._start = re.compile(rf"\s*({keywords})", re.IGNORECASE)
+        self._after_semicolon = re.compile(rf";\s*({keywords})", re.IGNORECASE)
+
+    def search(self, sql: str) -> re.Match[str] | None:
+        match = self._start.match(sql)
+        if match is None and ";" in sql:
+            match = self._after_semicolon.search(sql)
+        return match
+
+
+_ENDS_TRANSACTION = _Leading(
+    r"COMMIT|END|ABORT|ROLLBACK(?!\s+(?:WORK\s+|TRANSACTION\s+)?TO\b)|BEGIN|START\s+TRANSACTION|"
+    r"PREPARE\s+TRANSACTION|XA\s"
 )
-_COMMITS_IMPLICITLY_ON_MYSQL = re.compile(
-    r"(?:^|;)\s*(CREATE|ALTER|DROP|RENAME|TRUNCATE|LOCK\s+TABLES?|UNLOCK\s+TABLES?|"
-    r"SET\s+(?:(?:SESSION|GLOBAL|@@SESSION\.|@@)\s*)?AUTOCOMMIT)",
-    re.IGNORECASE,
+_COMMITS_IMPLICITLY_ON_MYSQL = _Leading(
+    r"CREATE|ALTER|DROP|RENAME|TRUNCATE|LOCK\s+TABLES?|UNLOCK\s+TABLES?|"
+    r"SET\s+(?:(?:SESSION|GLOBAL|@@SESSION\.|@@)\s*)?AUTOCOMMIT"
 )
 
 
