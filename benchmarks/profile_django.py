@@ -204,6 +204,11 @@ def main() -> None:
         for name in posts:
             cells = [f"{statistics.median(v):6.3f} ({min(v):.3f}..{max(v):.3f})" for v in zip(*cpu[name], strict=True)]
             print(f"{name:<10} {statistics.median(rates[name]):8.1f} " + " ".join(f"{c:>22}" for c in cells))
+        runtime = existing_runtime("default")
+        if runtime is not None:
+            metrics = runtime.pool.metrics()
+            print(f"the pool holds {metrics.leases_held} leases (slots) after "
+                  f"{metrics.transactions.transactions_committed} transactions")
 
         if args.profile:
             _profile(posts[args.profile], args, workers, drained)
