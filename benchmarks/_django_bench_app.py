@@ -2,7 +2,8 @@
 
 ``POST /nonatomic/<n>``: ``n`` rows in one ``transaction.atomic()``, then a plain confluent-kafka
 transaction with ``n`` records (the baseline). ``POST /dual/<n>``: the same rows and records in one
-``dual_write()``. Configured by the environment the benchmark sets: ``BENCH_DB_URL``,
+``dual_write()``, in the same order (the rows, then the records: with ``linger.ms`` 0, records produced
+between the rows' round trips would each go to the broker in a request of their own). Configured by the environment the benchmark sets: ``BENCH_DB_URL``,
 ``BENCH_BOOTSTRAP``, ``BENCH_TOPIC``, ``BENCH_PREFIX``, ``BENCH_POOL_SIZE`` and ``BENCH_PIPELINED``
 (``1``: ``POOL_OPTIONS["pipelined"]``).
 """
@@ -96,6 +97,7 @@ def dual(request: HttpRequest, n: int) -> HttpResponse:
     with dual_write() as tx:
         for k in ks:
             BenchOrder.objects.create(id=k, payload="x")
+        for k in ks:
             tx.produce(TOPIC, key=k, value=b"x")
     return HttpResponse(status=201)
 

@@ -15,23 +15,47 @@ Savepoints (``SAVEPOINT``, ``RELEASE``, ``ROLLBACK TO``, nested
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
-from typing import Any
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
 
 from ..dual_write import TransactionMisuseError
 
-__all__ = ["OtherAliasGuard", "StatementGuard", "guard_other_aliases"]
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
-_ENDS_TRANSACTION = re.compile(
-    r"(?:^|;)\s*(COMMIT|END|ABORT|ROLLBACK(?!\s+(?:WORK\s+|TRANSACTION\s+)?TO\b)|BEGIN|START\s+TRANSACTION|"
-    r"PREPARE\s+TRANSACTION|XA\s)",
-    re.IGNORECASE,
+__all__ = ["BlockGuards", "OtherAliasGuard", "StatementGuard"]
+
+
+class _Leading:
+    r"""Statements that begin with one of ``keywords``, alone or after a ``;`` (a multi-statement string).
+
+    What ``re.search(r"(?:^|;)\s*(keywords)")`` finds, without running the
+    pattern at every position of every statement the block sends: a match at
+    the start, else (only for a string with a ``;``) the first one after a ``;``.
+    """
+
+    def __init__(self, keywords: str) -> None:
+        self._start = re.compile(rf"\s*({keywords})", re.IGNORECASE)
+        self._after_semicolon = re.compile(rf";\s*({keywords})", re.IGNORECASE)
+
+    def search(self, sql: str) -> re.Match[str] | None:
+        match = self._start.match(sql)
+        if match is None and ";" in sql:
+            match = self._after_semicolon.search(sql)
+        return match
+
+
+_ENDS_TRANSACTION = _Leading(
+    r"COMMIT|END|ABORT|ROLLBACK(?!\s+(?:WORK\s+|TRANSACTION\s+)?TO\b)|BEGIN|START\s+TRANSACTION|"
+    r"PREPARE\s+TRANSACTION|XA\s"
 )
-_COMMITS_IMPLICITLY_ON_MYSQL = re.compile(
-    r"(?:^|;)\s*(CREATE|ALTER|DROP|RENAME|TRUNCATE|LOCK\s+TABLES?|UNLOCK\s+TABLES?|"
-    r"SET\s+(?:(?:SESSION|GLOBAL|@@SESSION\.|@@)\s*)?AUTOCOMMIT)",
-    re.IGNORECASE,
+_COMMITS_IMPLICITLY_ON_MYSQL = _Leading(
+    r"CREATE|ALTER|DROP|RENAME|TRUNCATE|LOCK\s+TABLES?|UNLOCK\s+TABLES?|"
+    r"SET\s+(?:(?:SESSION|GLOBAL|@@SESSION\.|@@)\s*)?AUTOCOMMIT"
 )
 
 
@@ -80,16 +104,17 @@ class OtherAliasGuard:
     """
 
     def __init__(self, alias: str, block_alias: str) -> None:
-        self._alias = alias
+        self.alias = alias
+        """The alias this guard is on."""
         self._block_alias = block_alias
         self.refused: str | None = None
 
     def error(self) -> TransactionMisuseError:
         return TransactionMisuseError(
-            f"a {self.refused} on database {self._alias!r} inside `with dual_write(using={self._block_alias!r})` "
+            f"a {self.refused} on database {self.alias!r} inside `with dual_write(using={self._block_alias!r})` "
             f"would commit outside the two-phase commit (only database {self._block_alias!r} is in it). It was not "
             "sent; both sides of the block were rolled back. Write to the block's database, or write to "
-            f"{self._alias!r} after the block (transaction.on_commit)"
+            f"{self.alias!r} after the block (transaction.on_commit)"
         )
 
     def __call__(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -102,13 +127,52 @@ class OtherAliasGuard:
         return execute(sql, params, many, context)
 
 
-@contextmanager
-def guard_other_aliases(block_alias: str) -> Iterator[list[OtherAliasGuard]]:
-    """:class:`OtherAliasGuard` on every alias of ``DATABASES`` but ``block_alias``, in this thread."""
-    from django.db import connections
+class BlockGuards:
+    """The execute wrappers of one block, in its thread: a :class:`StatementGuard` on the block's alias and an
+    :class:`OtherAliasGuard` on every other alias of ``DATABASES``.
 
-    guards = [OtherAliasGuard(alias, block_alias) for alias in connections if alias != block_alias]
-    with ExitStack() as stack:
-        for guard in guards:
-            stack.enter_context(connections[guard._alias].execute_wrapper(guard))
-        yield guards
+    A context manager that installs them on entry and removes them on exit.
+    One object per block rather than one context manager per alias: it runs
+    on every request.
+    """
+
+    def __init__(self, conn: BaseDatabaseWrapper) -> None:
+        alias = conn.alias
+        self._conn = conn
+        self.statement = StatementGuard(conn.vendor, alias)
+        self.others = [OtherAliasGuard(other, alias) for other in connections if other != alias]
+        self._installed: AbstractContextManager[None] | None = None
+        self._stack: ExitStack | None = None
+
+    def __enter__(self) -> BlockGuards:
+        installed = self._conn.execute_wrapper(self.statement)
+        installed.__enter__()
+        self._installed = installed
+        if self.others:
+            try:
+                with ExitStack() as stack:
+                    for guard in self.others:
+                        stack.enter_context(connections[guard.alias].execute_wrapper(guard))
+                    self._stack = stack.pop_all()  # entered: __exit__ closes it
+            except BaseException:
+                self.__exit__(*sys.exc_info())
+                raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if self._stack is not None:
+                self._stack.close()
+        finally:
+            installed, self._stack, self._installed = self._installed, None, None
+            if installed is not None:
+                installed.__exit__(None, None, None)
+
+    def refused(self) -> TransactionMisuseError | None:
+        """The error of the first guard that refused a statement in the block (``None``: none did)."""
+        if self.statement.refused is not None:
+            return self.statement.error()
+        for other in self.others:
+            if other.refused is not None:
+                return other.error()
+        return None

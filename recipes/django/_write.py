@@ -19,10 +19,12 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import Error as DjangoDatabaseError
+from django.utils.connection import ConnectionDoesNotExist
 from sqlalchemy.orm import Session
 
 from kafka2pc import PreparedTxnState, UsageError
@@ -32,8 +34,11 @@ from ..dual_write import DualWriteTransaction, TransactionMisuseError
 from ..dual_write._async_handle import AsyncHandleCalls, Headers
 from ._engines import savepoint_block
 from ._errors import to_django
-from ._guard import StatementGuard, guard_other_aliases
+from ._guard import BlockGuards
 from ._runtime import AliasRuntime, runtime_for
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 __all__ = ["AsyncDualWriteTransaction", "NestedAtomicError", "adual_write", "dual_write", "in_test_case"]
 
@@ -60,30 +65,36 @@ def in_test_case(alias: str) -> bool:
     check reads): a dual write there runs in the test's transaction (see
     :func:`dual_write`).
     """
-    conn = connections[alias]
+    return _in_test_case_blocks(connections[alias])
+
+
+def _in_test_case_blocks(conn: BaseDatabaseWrapper) -> bool:
     blocks = conn.atomic_blocks
     return bool(conn.in_atomic_block and blocks and all(getattr(b, "_from_testcase", False) for b in blocks))
 
 
-def _atomic_requests_hint(alias: str) -> str:
-    if connections[alias].settings_dict.get("ATOMIC_REQUESTS"):
-        return (f"; DATABASES[{alias!r}]['ATOMIC_REQUESTS'] is on: decorate the view with "
+def _atomic_requests_hint(conn: BaseDatabaseWrapper) -> str:
+    if conn.settings_dict.get("ATOMIC_REQUESTS"):
+        return (f"; DATABASES[{conn.alias!r}]['ATOMIC_REQUESTS'] is on: decorate the view with "
                 "@transaction.non_atomic_requests (or non_atomic_requests(using=...)) so that dual_write() "
                 "opens the request's transaction itself")
     return ("; a view under @transaction.atomic: remove the decorator (dual_write() is the view's transaction), "
             "and with ATOMIC_REQUESTS decorate the view with @transaction.non_atomic_requests")
 
 
-def _check_outermost(alias: str) -> bool:
-    """Refuse an enclosing transaction; True if the enclosing ones are a ``TestCase``'s (test-case mode)."""
-    from django.utils.connection import ConnectionDoesNotExist
-
+def _connection(alias: str) -> BaseDatabaseWrapper:
+    """Django's connection of ``alias`` in this thread (looked up once per block)."""
     try:
-        conn = connections[alias]
+        return connections[alias]
     except ConnectionDoesNotExist as exc:
         raise UsageError(f"dual_write(using={alias!r}): settings.DATABASES has no database {alias!r}") from exc
+
+
+def _check_outermost(conn: BaseDatabaseWrapper) -> bool:
+    """Refuse an enclosing transaction; True if the enclosing ones are a ``TestCase``'s (test-case mode)."""
+    alias = conn.alias
     if conn.in_atomic_block:
-        if in_test_case(alias):
+        if _in_test_case_blocks(conn):
             if conn.vendor == "sqlite":
                 raise NestedAtomicError(
                     f"dual_write(using={alias!r}) inside a django.test.TestCase on SQLite: SQLite admits one writer, "
@@ -94,7 +105,7 @@ def _check_outermost(alias: str) -> bool:
             return True
         raise NestedAtomicError(
             f"dual_write(using={alias!r}) must be the outermost transaction.atomic of database {alias!r}, but it "
-            f"was entered inside one{_atomic_requests_hint(alias)}. Nothing was written"
+            f"was entered inside one{_atomic_requests_hint(conn)}. Nothing was written"
         )
     if not conn.get_autocommit():
         raise NestedAtomicError(f"dual_write(using={alias!r}) needs autocommit on database {alias!r} (Django's "
@@ -143,67 +154,68 @@ def dual_write(using: str | None = None, *, wait_visible: bool = False) -> Itera
             order = Order.objects.create(sku="book", quantity=1)
             tx.produce("orders", key=str(order.pk), value=order.to_json())
     """
+    # One generator and one lookup of Django's connection per block: this runs on every request.
     alias = using or DEFAULT_DB_ALIAS
-    test_case = _check_outermost(alias)
+    conn = _connection(alias)
+    test_case = _check_outermost(conn)
     runtime = runtime_for(alias)
-    conn = connections[alias]
-    guard = StatementGuard(conn.vendor, alias)
-    block: AbstractContextManager[Session | sa.Connection]
+    guards = BlockGuards(conn)
     try:
         if test_case:
-            block = _in_test_case(runtime, alias)
+            with _in_test_case(runtime, conn) as session, guards, \
+                    runtime.pool.transaction(session, wait_visible=True) as tx:
+                yield tx
+                _check_block_end(guards, conn)
         else:
             engine = runtime.borrowed()  # made (its dialect initialised) outside the block's transaction
-            block = _outermost(engine, alias)
-        with block as bind, conn.execute_wrapper(guard), guard_other_aliases(alias) as others, \
-                runtime.pool.transaction(bind, wait_visible=wait_visible or test_case) as tx:
-            yield tx
-            if guard.refused is not None:
-                raise guard.error()
-            for other in others:
-                if other.refused is not None:
-                    raise other.error()
-            if conn.needs_rollback:
-                raise _RollbackRequested
+            # The block's transaction.atomic (the request's transaction), and the SQLAlchemy connection on it.
+            atomic = transaction.atomic(using=alias)
+            atomic.__enter__()
+            try:
+                with engine.connect() as bind, guards, runtime.pool.transaction(bind, wait_visible=wait_visible) as tx:
+                    yield tx
+                    _check_block_end(guards, conn)
+            except BaseException:
+                atomic.__exit__(*sys.exc_info())
+                raise
+            _close_atomic(atomic, conn)
     except _RollbackRequested:
         logger.debug("%s: the block asked for a rollback; both sides rolled back", alias)
     except sa.exc.SQLAlchemyError as exc:
         raise to_django(exc, alias) from exc
 
 
-@contextmanager
-def _outermost(engine: sa.Engine, alias: str) -> Iterator[sa.Connection]:
-    """The block's ``transaction.atomic`` (the request's transaction), and the SQLAlchemy connection on it.
+def _check_block_end(guards: BlockGuards, conn: BaseDatabaseWrapper) -> None:
+    """At the end of the block's body: fail on a refused statement (even one whose error was caught), and
+    roll back quietly when the block asked for it (``transaction.set_rollback(True)``)."""
+    refused = guards.refused()
+    if refused is not None:
+        raise refused
+    if conn.needs_rollback:
+        raise _RollbackRequested
 
-    When the pool's transaction ended normally, the database has committed:
-    its COMMIT was answered, or its answer was lost and the read-back of the
-    state row found it committed (``IndefiniteOutcomeError`` when the
-    read-back cannot tell).  Django's own COMMIT at the atomic block's exit
-    then has nothing left to commit, but it still talks to the connection
-    (MySQL sends it), which may be dead by then: its error would turn a write
-    that committed on both sides into a failure, and drop the ``on_commit``
-    callbacks.  So that error is logged, not raised (Django has already
-    closed the connection, as for any connection lost in a transaction), and
-    the callbacks run here, in order, as Django would have run them.
+
+def _close_atomic(atomic: transaction.Atomic, conn: BaseDatabaseWrapper) -> None:
+    """Leave the block's ``transaction.atomic`` after the pool's transaction ended normally.
+
+    The database has committed then: its COMMIT was answered, or its answer
+    was lost and the read-back of the state row found it committed
+    (``IndefiniteOutcomeError`` when the read-back cannot tell).  Django's
+    own COMMIT at the atomic block's exit then has nothing left to commit,
+    but it still talks to the connection (MySQL sends it), which may be dead
+    by then: its error would turn a write that committed on both sides into
+    a failure, and drop the ``on_commit`` callbacks.  So that error is
+    logged, not raised (Django has already closed the connection, as for any
+    connection lost in a transaction), and the callbacks run here, in order,
+    as Django would have run them.
     """
-    from django.db import Error
-
-    conn = connections[alias]
-    atomic = transaction.atomic(using=alias)
-    atomic.__enter__()
-    try:
-        with engine.connect() as borrowed:
-            yield borrowed
-    except BaseException:
-        atomic.__exit__(*sys.exc_info())
-        raise
     callbacks = list(conn.run_on_commit)
     try:
         atomic.__exit__(None, None, None)
-    except Error as exc:
+    except DjangoDatabaseError as exc:
         logger.warning("%s: the block committed on both sides, then Django's connection failed (%r): the block "
-                       "succeeded; Django reconnects", alias, exc)
-        _run_on_commit(alias, callbacks)
+                       "succeeded; Django reconnects", conn.alias, exc)
+        _run_on_commit(conn.alias, callbacks)
 
 
 def _run_on_commit(alias: str, callbacks: list[Any]) -> None:
@@ -219,7 +231,7 @@ def _run_on_commit(alias: str, callbacks: list[Any]) -> None:
 
 
 @contextmanager
-def _in_test_case(runtime: AliasRuntime, alias: str) -> Iterator[Session]:
+def _in_test_case(runtime: AliasRuntime, conn: BaseDatabaseWrapper) -> Iterator[Session]:
     """The block's savepoint in the test's transaction, and a Session on it whose COMMIT sends nothing.
 
     A Session, not a Connection: the pool then sends the state update and the
@@ -227,8 +239,7 @@ def _in_test_case(runtime: AliasRuntime, alias: str) -> Iterator[Session]:
     and the COMMIT is ``_engines.test_case_engine``'s, which sends nothing and keeps
     the rows in the test's transaction.
     """
-    conn = connections[alias]
-    with transaction.atomic(using=alias), runtime.test_case().connect() as borrowed, \
+    with transaction.atomic(using=conn.alias), runtime.test_case().connect() as borrowed, \
             savepoint_block(conn, conn.savepoint_ids[-1]), Session(bind=borrowed) as session:
         yield session
 

@@ -16,7 +16,7 @@ from kafka2pc import UsageError
 
 ENDS = ["COMMIT", "commit;", "  COMMIT WORK", "END", "ROLLBACK", "rollback work", "ABORT", "BEGIN",
         "START TRANSACTION", "PREPARE TRANSACTION 'x'", "XA START 'x'", "INSERT INTO t VALUES (1); COMMIT",
-        "SELECT 1;\n  rollback"]
+        "SELECT 1;\n  rollback", "SELECT 1; SELECT 2;\tCOMMIT"]
 ALLOWED = ["SELECT 1", 'SAVEPOINT "s1"', 'RELEASE SAVEPOINT "s1"', 'ROLLBACK TO SAVEPOINT "s1"',
            "ROLLBACK WORK TO SAVEPOINT s1", "INSERT INTO t (note) VALUES ('begin')",
            "UPDATE t SET endpoint = 1", "SELECT CASE WHEN a THEN 1 ELSE 2 END FROM t", "CREATE TABLE t (id int)"]
