@@ -23,10 +23,12 @@ waits: a few hundred microseconds per transaction.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy.util import greenlet_spawn
 
@@ -38,7 +40,7 @@ try:  # SQLAlchemy 2.1 (``await_only`` is its old name, deprecated from 2.2 on)
 except ImportError:  # pragma: no cover - SQLAlchemy 2.0
     from sqlalchemy.util import await_only as _await
 
-__all__ = ["OffLoop", "in_greenlet", "run_to_completion", "wait_for"]
+__all__ = ["OffLoop", "ScopeRun", "current_scope", "in_greenlet", "run_to_completion", "wait_for"]
 
 logger = logging.getLogger("kafka2pc.recipes.dual_write.aio")
 
@@ -77,6 +79,138 @@ async def run_to_completion(fn: Callable[..., _T], *args: Any, **kwargs: Any) ->
                         task.exception())
         raise asyncio.CancelledError
     return task.result()
+
+
+class ScopeRun(Generic[_T]):
+    """A sync scope (a writer's or a pool's transaction) entered and left by one task of its own.
+
+    One task and one greenlet per transaction: the task enters the scope,
+    hands the handle over (:attr:`entered`), waits for the outcome of the
+    caller's block (:meth:`leave`), then leaves the scope with it and runs the
+    calls the scope deferred to the background (the pipelined Kafka commit,
+    see :meth:`defer`) after the caller was answered.  A cancellation of the
+    caller interrupts neither step: as :func:`run_to_completion`, the caller
+    gets its :class:`asyncio.CancelledError` once the step ended.
+
+    The caller awaits :attr:`entered` directly (cancelling the caller cancels
+    that future, which tells the task that nobody takes the handle), then
+    calls :meth:`leave` exactly once, whatever happened, unless entering failed.
+    """
+
+    __slots__ = ("_after", "_left", "_left_signal", "_outcome", "_scope", "entered")
+
+    def __init__(self, scope: AbstractContextManager[_T]) -> None:
+        loop = asyncio.get_running_loop()
+        self._scope = scope
+        self.entered: asyncio.Future[_T] = loop.create_future()
+        """The handle, or the error entering raised; cancelled by a cancellation of the caller."""
+        self._outcome: asyncio.Future[BaseException | None] = loop.create_future()
+        self._left: tuple[bool, Any] | None = None  # (True, suppressed) or (False, the error leaving raised)
+        self._left_signal: asyncio.Future[None] = loop.create_future()
+        self._after: list[Callable[[], None]] | None = None
+        task = loop.create_task(greenlet_spawn(self._run))
+        _SCOPE_TASKS.add(task)  # the loop keeps weak references only; the task outlives its caller's wait
+        task.add_done_callback(_SCOPE_TASKS.discard)
+
+    async def leave(self, exc: BaseException | None) -> bool:
+        """Tell the task how the block ended (``exc``: its exception, or ``None``); wait until it left the scope.
+
+        Returns whether the scope suppressed ``exc``; raises what leaving
+        raised.  A cancellation of the caller while it waits does not
+        interrupt the exit: :class:`asyncio.CancelledError` follows it.
+        """
+        if not self._outcome.done():  # (cancelled if the task itself was cancelled: it left with that)
+            self._outcome.set_result(exc)
+        interrupted = False
+        while self._left is None:
+            try:
+                await self._left_signal
+            except asyncio.CancelledError:
+                interrupted = True
+                if self._left_signal.cancelled():
+                    self._left_signal = asyncio.get_running_loop().create_future()
+        ok, value = self._left
+        if interrupted:
+            if not ok:
+                logger.info("leaving a dual-write scope whose caller was cancelled raised %r "
+                            "(the writer's state reflects it)", value)
+            raise asyncio.CancelledError
+        if not ok:
+            raise value
+        return bool(value)
+
+    def defer(self, call: Callable[[], None]) -> bool:
+        """Inside the task, while it leaves the scope: run ``call`` once the caller was answered (True).
+
+        False once the task no longer takes calls (they then need a task of their own).
+        """
+        if self._after is None:
+            return False
+        self._after.append(call)
+        return True
+
+    def start_deferred(self) -> None:
+        """Before the task waits for something a deferred call may be the one to end: start them in tasks now."""
+        after, self._after = self._after, None
+        for call in after or ():
+            _spawn(call)
+
+    # -- in the task's greenlet ------------------------------------------------------
+    def _run(self) -> None:
+        _CURRENT_SCOPE.set(self)  # in this task's context only (the caller's block runs in its own)
+        try:
+            handle = self._scope.__enter__()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            if self.entered.cancelled():  # the caller stopped waiting for the handle: it waits in leave()
+                logger.info("entering a dual-write scope whose caller was cancelled raised %r", exc)
+                self._answer(True, False)
+            else:
+                self.entered.set_exception(exc)
+            return
+        if not self.entered.cancelled():
+            self.entered.set_result(handle)
+        outcome: BaseException | None
+        try:
+            outcome = wait_for(self._outcome)
+        except BaseException as interrupted:  # noqa: BLE001 - this task was cancelled (the loop is closing)
+            outcome = interrupted
+        self._after = []
+        try:
+            if outcome is None:
+                suppressed = self._scope.__exit__(None, None, None)
+            else:
+                suppressed = self._scope.__exit__(type(outcome), outcome, outcome.__traceback__)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            self._answer(False, error)
+        else:
+            self._answer(True, suppressed)
+        after, self._after = self._after, None
+        for call in after or ():
+            try:
+                call()
+            except Exception:  # noqa: BLE001 - as in a task of its own: logged, the others still run
+                logger.exception("a call a dual-write scope deferred failed")
+
+    def _answer(self, ok: bool, value: Any) -> None:
+        self._left = (ok, value)
+        if not self._left_signal.done():
+            self._left_signal.set_result(None)
+
+
+_CURRENT_SCOPE: contextvars.ContextVar[ScopeRun[Any]] = contextvars.ContextVar("kafka2pc_aio_scope")
+_SCOPE_TASKS: set[asyncio.Task[Any]] = set()
+
+
+def current_scope() -> ScopeRun[Any] | None:
+    """The :class:`ScopeRun` whose task runs the calling code, if any."""
+    return _CURRENT_SCOPE.get(None)
+
+
+def _spawn(call: Callable[[], None]) -> None:
+    """Run the sync ``call`` in a task of its own (kept referenced until it ends)."""
+    task = asyncio.ensure_future(greenlet_spawn(call))
+    _SCOPE_TASKS.add(task)
+    task.add_done_callback(_SCOPE_TASKS.discard)
 
 
 class OffLoop:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from kafka2pc.aio import AsyncTransactionAdmin, AsyncTwoPhaseCommitProducer
 
-from ._bridge import OffLoop, _GreenletProducer, in_greenlet, wait_for
+from ._bridge import OffLoop, _GreenletProducer, current_scope, in_greenlet, wait_for
 
 if TYPE_CHECKING:
     from kafka2pc import PreparedTxnState, Settlement, TransactionDescription, TwoPhaseCommitProducer
@@ -63,6 +63,7 @@ class _LoopCondition:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Inside the pool's greenlet: let the loop run until :meth:`notify` (True) or ``timeout`` (False)."""
+        _before_waiting()
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
@@ -100,6 +101,7 @@ class _LoopEvent:
     def wait(self, timeout: float | None = None) -> bool:
         """Inside the pool's greenlet: True once set, False after ``timeout``."""
         if not self._event.is_set():
+            _before_waiting()
             waiter = asyncio.ensure_future(self._event.wait())
             try:
                 wait_for(asyncio.wait({waiter}, timeout=timeout))
@@ -125,6 +127,7 @@ class _LoopSemaphore:
             except StopIteration as done:
                 return bool(done.value)
             attempt.close()  # pragma: no cover - it suspended after all: undo, and wait as below
+        _before_waiting()
         return wait_for(self._semaphore.acquire())
 
     def release(self) -> None:
@@ -138,6 +141,11 @@ class _LoopWorkers:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, run: Callable[[], None]) -> None:
+        scope = current_scope()
+        if scope is not None and scope.defer(run):
+            # A pipelined commit deferred by a transaction's scope: its own task runs it once the caller
+            # was answered (no task and greenlet more per transaction).
+            return
         task = asyncio.ensure_future(in_greenlet(run))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -194,6 +202,13 @@ class _LoopAdmins:
         admins, self._by_task = list(self._by_task.values()), {}
         for admin in admins:
             wait_for(admin.close())
+
+
+def _before_waiting() -> None:
+    """Inside a greenlet about to wait: start the calls its scope deferred (the wait may be for one of them)."""
+    scope = current_scope()
+    if scope is not None:
+        scope.start_deferred()
 
 
 class EventLoop:
