@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from sqlalchemy.util import greenlet_spawn
 
@@ -82,37 +83,52 @@ async def run_to_completion(fn: Callable[..., _T], *args: Any, **kwargs: Any) ->
 
 
 class ScopeRun(Generic[_T]):
-    """A sync scope (a writer's or a pool's transaction) entered and left by one task of its own.
+    """A sync scope (a writer's or a pool's transaction) as an async context manager, run by one task of its own.
 
     One task and one greenlet per transaction: the task enters the scope,
-    hands the handle over (:attr:`entered`), waits for the outcome of the
-    caller's block (:meth:`leave`), then leaves the scope with it and runs the
-    calls the scope deferred to the background (the pipelined Kafka commit,
-    see :meth:`defer`) after the caller was answered.  A cancellation of the
-    caller interrupts neither step: as :func:`run_to_completion`, the caller
-    gets its :class:`asyncio.CancelledError` once the step ended.
-
-    The caller awaits :attr:`entered` directly (cancelling the caller cancels
-    that future, which tells the task that nobody takes the handle), then
-    calls :meth:`leave` exactly once, whatever happened, unless entering failed.
+    hands the handle over, waits for the outcome of the caller's block, then
+    leaves the scope with it (an exception of the block goes to the scope,
+    which rolls back both sides and re-raises it) and runs the calls the
+    scope deferred to the background (the pipelined Kafka commit, see
+    :meth:`defer`) once the caller was answered.  A cancellation of the caller
+    interrupts neither step: as :func:`run_to_completion`, the caller gets its
+    :class:`asyncio.CancelledError` once the step ended.  A caller cancelled
+    while the scope was being entered gets it after the scope was left the
+    same way (with that :class:`asyncio.CancelledError`): nothing entered
+    stays held.
     """
 
-    __slots__ = ("_after", "_left", "_left_signal", "_outcome", "_scope", "entered")
+    __slots__ = ("_after", "_entered", "_left", "_left_signal", "_outcome", "_scope")
 
     def __init__(self, scope: AbstractContextManager[_T]) -> None:
         loop = asyncio.get_running_loop()
         self._scope = scope
-        self.entered: asyncio.Future[_T] = loop.create_future()
-        """The handle, or the error entering raised; cancelled by a cancellation of the caller."""
+        # The handle, or the error entering raised; cancelled by a cancellation of the caller, which tells
+        # the task that nobody takes the handle (the caller then waits for the scope to be left).
+        self._entered: asyncio.Future[_T] = loop.create_future()
         self._outcome: asyncio.Future[BaseException | None] = loop.create_future()
         self._left: tuple[bool, Any] | None = None  # (True, suppressed) or (False, the error leaving raised)
         self._left_signal: asyncio.Future[None] = loop.create_future()
         self._after: list[Callable[[], None]] | None = None
-        task = loop.create_task(greenlet_spawn(self._run))
+
+    async def __aenter__(self) -> _T:
+        task = asyncio.get_running_loop().create_task(greenlet_spawn(self._run))
         _SCOPE_TASKS.add(task)  # the loop keeps weak references only; the task outlives its caller's wait
         task.add_done_callback(_SCOPE_TASKS.discard)
+        entered = self._entered
+        try:
+            return await entered
+        except BaseException as exc:
+            if not entered.cancelled() and entered.exception() is not None:
+                raise  # entering failed (or failed and the caller was cancelled meanwhile): nothing is held
+            # The caller was cancelled while the scope was being entered: leave it (rolls back both sides).
+            await self._leave(exc)
+            raise
 
-    async def leave(self, exc: BaseException | None) -> bool:
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
+        return await self._leave(exc)
+
+    async def _leave(self, exc: BaseException | None) -> bool:
         """Tell the task how the block ended (``exc``: its exception, or ``None``); wait until it left the scope.
 
         Returns whether the scope suppressed ``exc``; raises what leaving
@@ -161,14 +177,14 @@ class ScopeRun(Generic[_T]):
         try:
             handle = self._scope.__enter__()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            if self.entered.cancelled():  # the caller stopped waiting for the handle: it waits in leave()
+            if self._entered.cancelled():  # the caller stopped waiting for the handle: it waits in _leave()
                 logger.info("entering a dual-write scope whose caller was cancelled raised %r", exc)
                 self._answer(True, False)
             else:
-                self.entered.set_exception(exc)
+                self._entered.set_exception(exc)
             return
-        if not self.entered.cancelled():
-            self.entered.set_result(handle)
+        if not self._entered.cancelled():
+            self._entered.set_result(handle)
         outcome: BaseException | None
         try:
             outcome = wait_for(self._outcome)
@@ -211,6 +227,37 @@ def _spawn(call: Callable[[], None]) -> None:
     task = asyncio.ensure_future(greenlet_spawn(call))
     _SCOPE_TASKS.add(task)
     task.add_done_callback(_SCOPE_TASKS.discard)
+
+
+def _now_or_wait(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Inside the recipe's greenlet: run ``coroutine`` here if it ends without waiting, else let the loop finish it.
+
+    For a call that hardly ever waits (an async produce: librdkafka queues
+    the record at once): no switch to the loop and back when it does not.
+    """
+    try:
+        pending = coroutine.send(None)
+    except StopIteration as done:
+        return cast("_T", done.value)
+    return wait_for(_resumed(coroutine, pending))
+
+
+@types.coroutine
+def _resumed(coroutine: Coroutine[Any, Any, _T], pending: Any) -> Generator[Any, Any, _T]:
+    """The rest of ``coroutine``, started by hand and suspended on ``pending``, as an awaitable (``yield from``)."""
+    while True:
+        try:
+            sent = yield pending
+        except BaseException as exc:  # noqa: BLE001 - thrown into the coroutine, as yield from does
+            try:
+                pending = coroutine.throw(exc)
+            except StopIteration as done:
+                return cast("_T", done.value)
+        else:
+            try:
+                pending = coroutine.send(sent)
+            except StopIteration as done:
+                return cast("_T", done.value)
 
 
 class OffLoop:
@@ -278,7 +325,7 @@ class _GreenletProducer:
 
     def produce(self, topic: str, **kwargs: Any) -> None:
         on_delivery: Callable[[Any, Any], None] | None = kwargs.pop("on_delivery", None)
-        delivered = wait_for(self.async_producer.produce(topic, **kwargs))
+        delivered = _now_or_wait(self.async_producer.produce(topic, **kwargs))
         if on_delivery is not None:
             def report(future: asyncio.Future[Any]) -> None:
                 if future.cancelled():

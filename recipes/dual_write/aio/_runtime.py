@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -53,7 +54,7 @@ class _LoopCondition:
     """
 
     def __init__(self) -> None:
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
 
     def __enter__(self) -> bool:
         return True
@@ -64,26 +65,37 @@ class _LoopCondition:
     def wait(self, timeout: float | None = None) -> bool:
         """Inside the pool's greenlet: let the loop run until :meth:`notify` (True) or ``timeout`` (False)."""
         _before_waiting()
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()  # True once notified, False at the timeout
         self._waiters.append(waiter)
+        timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+        notified = False
         try:
-            done, _ = wait_for(asyncio.wait({waiter}, timeout=timeout))
-            return bool(done)
+            notified = wait_for(waiter)
+            return notified
         finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+            if timer is not None:
+                timer.cancel()
+            if not notified:
+                with contextlib.suppress(ValueError):  # notify() may have taken it out, done, and passed it by
+                    self._waiters.remove(waiter)
 
     def notify(self, n: int = 1) -> None:
         """Wake up to ``n`` waiters."""
         while n > 0 and self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(True)
                 n -= 1
 
     def notify_all(self) -> None:
         """Wake every waiter."""
         self.notify(len(self._waiters))
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
 
 
 class _LoopEvent:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import AbstractContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import sqlalchemy as sa
@@ -342,8 +342,7 @@ class AsyncDualWriter:
                 self._holder = None
 
 
-@asynccontextmanager
-async def run_scope(scope: AbstractContextManager[DualWriteTransaction]) -> AsyncIterator[DualWriteTransaction]:
+def run_scope(scope: AbstractContextManager[DualWriteTransaction]) -> AbstractAsyncContextManager[DualWriteTransaction]:
     """The sync recipe's transaction scope (a writer's or a pool's), entered and exited in the greenlet bridge.
 
     One task of its own enters and leaves it (:class:`ScopeRun`), so that
@@ -354,22 +353,7 @@ async def run_scope(scope: AbstractContextManager[DualWriteTransaction]) -> Asyn
     say) gets its :class:`asyncio.CancelledError` once the entry ended, after
     the scope was left the same way: nothing entered stays held.
     """
-    run = ScopeRun(scope)
-    try:
-        handle = await run.entered
-    except BaseException as exc:
-        if not run.entered.cancelled() and run.entered.exception() is not None:
-            raise  # entering failed (or failed and the caller was cancelled meanwhile): nothing is held
-        # The caller was cancelled while the scope was being entered: leave it (rolls back both sides).
-        await run.leave(exc)
-        raise
-    try:
-        yield handle
-    except BaseException as exc:
-        if not await run.leave(exc):
-            raise
-    else:
-        await run.leave(None)
+    return ScopeRun(scope)
 
 
 def _sync_target(bind: AsyncBind) -> Session | sa.Connection:
