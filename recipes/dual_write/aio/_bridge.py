@@ -213,7 +213,7 @@ class ScopeRun(Generic[_T]):
             self._left_signal.set_result(None)
 
 
-_CURRENT_SCOPE: contextvars.ContextVar[ScopeRun[Any]] = contextvars.ContextVar("kafka2pc_aio_scope")
+_CURRENT_SCOPE: contextvars.ContextVar[ScopeRun[Any] | None] = contextvars.ContextVar("kafka2pc_aio_scope")
 _SCOPE_TASKS: set[asyncio.Task[Any]] = set()
 
 
@@ -223,8 +223,13 @@ def current_scope() -> ScopeRun[Any] | None:
 
 
 def _spawn(call: Callable[[], None]) -> None:
-    """Run the sync ``call`` in a task of its own (kept referenced until it ends)."""
-    task = asyncio.ensure_future(greenlet_spawn(call))
+    """Run the sync ``call`` in a task of its own (kept referenced until it ends), outside any scope."""
+
+    def run() -> None:
+        _CURRENT_SCOPE.set(None)  # in the new task's copy of the context: the scope's own is untouched
+        call()
+
+    task = asyncio.ensure_future(greenlet_spawn(run))
     _SCOPE_TASKS.add(task)
     task.add_done_callback(_SCOPE_TASKS.discard)
 
