@@ -45,6 +45,7 @@ class _GreenletClock:
         self.started: dict[str, int] = {}
         self._since = 0.0
         self._names: dict[int, str] = {}
+        self._thread = 0
 
     def start(self) -> None:
         import greenlet
@@ -69,7 +70,8 @@ class _GreenletClock:
                 return "greenlets that ended without waiting"
             while frame.f_back is not None:
                 frame = frame.f_back
-            name = f"{frame.f_code.co_qualname} ({frame.f_code.co_filename.rsplit('/', 2)[-1]})"
+            code = frame.f_code
+            name = f"{getattr(code, 'co_qualname', code.co_name)} ({code.co_filename.rsplit('/', 2)[-1]})"
             self._names[id(g)] = name
             self.started[name] = self.started.get(name, 0) + 1
         return name
@@ -77,12 +79,10 @@ class _GreenletClock:
     def _switch(self, event: str, args: Any) -> None:
         if threading.get_ident() != self._thread or event not in ("switch", "throw"):
             return
-        origin, target = args
+        origin, _target = args
         now = time.thread_time()
         where = self._name(origin)
         self.cpu[where] = self.cpu.get(where, 0.0) + now - self._since
-        if target.dead or (target.gr_frame is None and target.parent is not None and origin.dead):
-            pass
         if origin.dead:
             self._names.pop(id(origin), None)
         self._since = time.thread_time()
