@@ -23,10 +23,13 @@ waits: a few hundred microseconds per transaction.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, Generic, TypeVar, cast
 
 from sqlalchemy.util import greenlet_spawn
 
@@ -38,7 +41,7 @@ try:  # SQLAlchemy 2.1 (``await_only`` is its old name, deprecated from 2.2 on)
 except ImportError:  # pragma: no cover - SQLAlchemy 2.0
     from sqlalchemy.util import await_only as _await
 
-__all__ = ["OffLoop", "in_greenlet", "run_to_completion", "wait_for"]
+__all__ = ["OffLoop", "ScopeRun", "current_scope", "in_greenlet", "run_to_completion", "wait_for"]
 
 logger = logging.getLogger("kafka2pc.recipes.dual_write.aio")
 
@@ -77,6 +80,189 @@ async def run_to_completion(fn: Callable[..., _T], *args: Any, **kwargs: Any) ->
                         task.exception())
         raise asyncio.CancelledError
     return task.result()
+
+
+class ScopeRun(Generic[_T]):
+    """A sync scope (a writer's or a pool's transaction) as an async context manager, run by one task of its own.
+
+    One task and one greenlet per transaction: the task enters the scope,
+    hands the handle over, waits for the outcome of the caller's block, then
+    leaves the scope with it (an exception of the block goes to the scope,
+    which rolls back both sides and re-raises it) and runs the calls the
+    scope deferred to the background (the pipelined Kafka commit, see
+    :meth:`defer`) once the caller was answered.  A cancellation of the caller
+    interrupts neither step: as :func:`run_to_completion`, the caller gets its
+    :class:`asyncio.CancelledError` once the step ended.  A caller cancelled
+    while the scope was being entered gets it after the scope was left the
+    same way (with that :class:`asyncio.CancelledError`): nothing entered
+    stays held.
+    """
+
+    __slots__ = ("_after", "_entered", "_left", "_left_signal", "_outcome", "_scope")
+
+    def __init__(self, scope: AbstractContextManager[_T]) -> None:
+        loop = asyncio.get_running_loop()
+        self._scope = scope
+        # The handle, or the error entering raised; cancelled by a cancellation of the caller, which tells
+        # the task that nobody takes the handle (the caller then waits for the scope to be left).
+        self._entered: asyncio.Future[_T] = loop.create_future()
+        self._outcome: asyncio.Future[BaseException | None] = loop.create_future()
+        self._left: tuple[bool, Any] | None = None  # (True, suppressed) or (False, the error leaving raised)
+        self._left_signal: asyncio.Future[None] = loop.create_future()
+        self._after: list[Callable[[], None]] | None = None
+
+    async def __aenter__(self) -> _T:
+        task = asyncio.get_running_loop().create_task(greenlet_spawn(self._run))
+        _SCOPE_TASKS.add(task)  # the loop keeps weak references only; the task outlives its caller's wait
+        task.add_done_callback(_SCOPE_TASKS.discard)
+        entered = self._entered
+        try:
+            return await entered
+        except BaseException as exc:
+            if not entered.cancelled() and entered.exception() is not None:
+                raise  # entering failed (or failed and the caller was cancelled meanwhile): nothing is held
+            # The caller was cancelled while the scope was being entered: leave it (rolls back both sides).
+            await self._leave(exc)
+            raise
+
+    async def __aexit__(self, exc_type: object, exc: BaseException | None, tb: object) -> bool:
+        return await self._leave(exc)
+
+    async def _leave(self, exc: BaseException | None) -> bool:
+        """Tell the task how the block ended (``exc``: its exception, or ``None``); wait until it left the scope.
+
+        Returns whether the scope suppressed ``exc``; raises what leaving
+        raised.  A cancellation of the caller while it waits does not
+        interrupt the exit: :class:`asyncio.CancelledError` follows it.
+        """
+        if not self._outcome.done():  # (cancelled if the task itself was cancelled: it left with that)
+            self._outcome.set_result(exc)
+        interrupted = False
+        while self._left is None:
+            try:
+                await self._left_signal
+            except asyncio.CancelledError:
+                interrupted = True
+                if self._left_signal.cancelled():
+                    self._left_signal = asyncio.get_running_loop().create_future()
+        ok, value = self._left
+        if interrupted:
+            if not ok:
+                logger.info("leaving a dual-write scope whose caller was cancelled raised %r "
+                            "(the writer's state reflects it)", value)
+            raise asyncio.CancelledError
+        if not ok:
+            raise value
+        return bool(value)
+
+    def defer(self, call: Callable[[], None]) -> bool:
+        """Inside the task, while it leaves the scope: run ``call`` once the caller was answered (True).
+
+        False once the task no longer takes calls (they then need a task of their own).
+        """
+        if self._after is None:
+            return False
+        self._after.append(call)
+        return True
+
+    def start_deferred(self) -> None:
+        """Before the task waits for something a deferred call may be the one to end: start them in tasks now."""
+        after, self._after = self._after, None
+        for call in after or ():
+            _spawn(call)
+
+    # -- in the task's greenlet ------------------------------------------------------
+    def _run(self) -> None:
+        _CURRENT_SCOPE.set(self)  # in this task's context only (the caller's block runs in its own)
+        try:
+            handle = self._scope.__enter__()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            if self._entered.cancelled():  # the caller stopped waiting for the handle: it waits in _leave()
+                logger.info("entering a dual-write scope whose caller was cancelled raised %r", exc)
+                self._answer(True, False)
+            else:
+                self._entered.set_exception(exc)
+            return
+        if not self._entered.cancelled():
+            self._entered.set_result(handle)
+        outcome: BaseException | None
+        try:
+            outcome = wait_for(self._outcome)
+        except BaseException as interrupted:  # noqa: BLE001 - this task was cancelled (the loop is closing)
+            outcome = interrupted
+        self._after = []
+        try:
+            if outcome is None:
+                suppressed = self._scope.__exit__(None, None, None)
+            else:
+                suppressed = self._scope.__exit__(type(outcome), outcome, outcome.__traceback__)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            self._answer(False, error)
+        else:
+            self._answer(True, suppressed)
+        after, self._after = self._after, None
+        for call in after or ():
+            try:
+                call()
+            except Exception:  # noqa: BLE001 - as in a task of its own: logged, the others still run
+                logger.exception("a call a dual-write scope deferred failed")
+
+    def _answer(self, ok: bool, value: Any) -> None:
+        self._left = (ok, value)
+        if not self._left_signal.done():
+            self._left_signal.set_result(None)
+
+
+_CURRENT_SCOPE: contextvars.ContextVar[ScopeRun[Any] | None] = contextvars.ContextVar("kafka2pc_aio_scope")
+_SCOPE_TASKS: set[asyncio.Task[Any]] = set()
+
+
+def current_scope() -> ScopeRun[Any] | None:
+    """The :class:`ScopeRun` whose task runs the calling code, if any."""
+    return _CURRENT_SCOPE.get(None)
+
+
+def _spawn(call: Callable[[], None]) -> None:
+    """Run the sync ``call`` in a task of its own (kept referenced until it ends), outside any scope."""
+
+    def run() -> None:
+        _CURRENT_SCOPE.set(None)  # in the new task's copy of the context: the scope's own is untouched
+        call()
+
+    task = asyncio.ensure_future(greenlet_spawn(run))
+    _SCOPE_TASKS.add(task)
+    task.add_done_callback(_SCOPE_TASKS.discard)
+
+
+def _now_or_wait(coroutine: Coroutine[Any, Any, _T]) -> _T:
+    """Inside the recipe's greenlet: run ``coroutine`` here if it ends without waiting, else let the loop finish it.
+
+    For a call that hardly ever waits (an async produce: librdkafka queues
+    the record at once): no switch to the loop and back when it does not.
+    """
+    try:
+        pending = coroutine.send(None)
+    except StopIteration as done:
+        return cast("_T", done.value)
+    return wait_for(_resumed(coroutine, pending))
+
+
+@types.coroutine
+def _resumed(coroutine: Coroutine[Any, Any, _T], pending: Any) -> Generator[Any, Any, _T]:
+    """The rest of ``coroutine``, started by hand and suspended on ``pending``, as an awaitable (``yield from``)."""
+    while True:
+        try:
+            sent = yield pending
+        except BaseException as exc:  # noqa: BLE001 - thrown into the coroutine, as yield from does
+            try:
+                pending = coroutine.throw(exc)
+            except StopIteration as done:
+                return cast("_T", done.value)
+        else:
+            try:
+                pending = coroutine.send(sent)
+            except StopIteration as done:
+                return cast("_T", done.value)
 
 
 class OffLoop:
@@ -144,7 +330,7 @@ class _GreenletProducer:
 
     def produce(self, topic: str, **kwargs: Any) -> None:
         on_delivery: Callable[[Any, Any], None] | None = kwargs.pop("on_delivery", None)
-        delivered = wait_for(self.async_producer.produce(topic, **kwargs))
+        delivered = _now_or_wait(self.async_producer.produce(topic, **kwargs))
         if on_delivery is not None:
             def report(future: asyncio.Future[Any]) -> None:
                 if future.cancelled():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from kafka2pc.aio import AsyncTransactionAdmin, AsyncTwoPhaseCommitProducer
 
-from ._bridge import OffLoop, _GreenletProducer, in_greenlet, wait_for
+from ._bridge import OffLoop, _GreenletProducer, current_scope, in_greenlet, wait_for
 
 if TYPE_CHECKING:
     from kafka2pc import PreparedTxnState, Settlement, TransactionDescription, TwoPhaseCommitProducer
@@ -53,7 +54,7 @@ class _LoopCondition:
     """
 
     def __init__(self) -> None:
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[bool]] = collections.deque()
 
     def __enter__(self) -> bool:
         return True
@@ -63,26 +64,38 @@ class _LoopCondition:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Inside the pool's greenlet: let the loop run until :meth:`notify` (True) or ``timeout`` (False)."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        _before_waiting()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()  # True once notified, False at the timeout
         self._waiters.append(waiter)
+        timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+        notified = False
         try:
-            done, _ = wait_for(asyncio.wait({waiter}, timeout=timeout))
-            return bool(done)
+            notified = wait_for(waiter)
+            return notified
         finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
+            if timer is not None:
+                timer.cancel()
+            if not notified:
+                with contextlib.suppress(ValueError):  # notify() may have taken it out, done, and passed it by
+                    self._waiters.remove(waiter)
 
     def notify(self, n: int = 1) -> None:
         """Wake up to ``n`` waiters."""
         while n > 0 and self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(True)
                 n -= 1
 
     def notify_all(self) -> None:
         """Wake every waiter."""
         self.notify(len(self._waiters))
+
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
+    if not waiter.done():
+        waiter.set_result(False)
 
 
 class _LoopEvent:
@@ -100,6 +113,7 @@ class _LoopEvent:
     def wait(self, timeout: float | None = None) -> bool:
         """Inside the pool's greenlet: True once set, False after ``timeout``."""
         if not self._event.is_set():
+            _before_waiting()
             waiter = asyncio.ensure_future(self._event.wait())
             try:
                 wait_for(asyncio.wait({waiter}, timeout=timeout))
@@ -125,6 +139,7 @@ class _LoopSemaphore:
             except StopIteration as done:
                 return bool(done.value)
             attempt.close()  # pragma: no cover - it suspended after all: undo, and wait as below
+        _before_waiting()
         return wait_for(self._semaphore.acquire())
 
     def release(self) -> None:
@@ -138,6 +153,11 @@ class _LoopWorkers:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, run: Callable[[], None]) -> None:
+        scope = current_scope()
+        if scope is not None and scope.defer(run):
+            # A pipelined commit deferred by a transaction's scope: its own task runs it once the caller
+            # was answered (no task and greenlet more per transaction).
+            return
         task = asyncio.ensure_future(in_greenlet(run))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -194,6 +214,13 @@ class _LoopAdmins:
         admins, self._by_task = list(self._by_task.values()), {}
         for admin in admins:
             wait_for(admin.close())
+
+
+def _before_waiting() -> None:
+    """Inside a greenlet about to wait: start the calls its scope deferred (the wait may be for one of them)."""
+    scope = current_scope()
+    if scope is not None:
+        scope.start_deferred()
 
 
 class EventLoop:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import AbstractContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import sqlalchemy as sa
@@ -26,7 +26,7 @@ from .._runtime import forks_seen
 from .._schema import create_state_table
 from .._values import DualWriteMetrics, RecoveryResult, StepHook, heuristic_flags
 from .._writer import writer_on
-from ._bridge import _GreenletProducer, in_greenlet, run_to_completion
+from ._bridge import ScopeRun, _GreenletProducer, in_greenlet, run_to_completion
 from ._runtime import EVENT_LOOP
 
 if TYPE_CHECKING:
@@ -342,38 +342,18 @@ class AsyncDualWriter:
                 self._holder = None
 
 
-@asynccontextmanager
-async def run_scope(scope: AbstractContextManager[DualWriteTransaction]) -> AsyncIterator[DualWriteTransaction]:
+def run_scope(scope: AbstractContextManager[DualWriteTransaction]) -> AbstractAsyncContextManager[DualWriteTransaction]:
     """The sync recipe's transaction scope (a writer's or a pool's), entered and exited in the greenlet bridge.
 
-    Entering and exiting run to completion whatever happens to the caller's
+    One task of its own enters and leaves it (:class:`ScopeRun`), so that
+    entering and exiting run to completion whatever happens to the caller's
     task (see :func:`run_to_completion`); an exception of the block goes to
     the scope, which rolls back both sides and re-raises it.  A caller
     cancelled while the scope was being entered (waiting for a pool's slot,
     say) gets its :class:`asyncio.CancelledError` once the entry ended, after
     the scope was left the same way: nothing entered stays held.
     """
-    entered = False
-
-    def enter() -> DualWriteTransaction:
-        nonlocal entered
-        handle = scope.__enter__()
-        entered = True
-        return handle
-
-    try:
-        handle = await run_to_completion(enter)
-    except BaseException as exc:
-        if entered:  # the caller was cancelled while the scope was entered: leave it (rolls back both sides)
-            await run_to_completion(scope.__exit__, type(exc), exc, exc.__traceback__)
-        raise
-    try:
-        yield handle
-    except BaseException as exc:
-        if not await run_to_completion(scope.__exit__, type(exc), exc, exc.__traceback__):
-            raise
-    else:
-        await run_to_completion(scope.__exit__, None, None, None)
+    return ScopeRun(scope)
 
 
 def _sync_target(bind: AsyncBind) -> Session | sa.Connection:
