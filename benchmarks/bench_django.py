@@ -3,7 +3,7 @@
 Every variant inserts N rows and produces N records per transaction (1 and 10), on one thread:
 
 * Django, non-atomic (the baseline): ``Model.objects.create()`` for each row in one
-  ``transaction.atomic()`` (one row: a plain ``save()``), committed, then a plain confluent-kafka
+  ``transaction.atomic()``, committed, then a plain confluent-kafka
   transaction with the records;
 * Django dual write: ``with dual_write() as tx:`` the same ``create()`` calls, then ``tx.produce(...)``
   for each record (every variant writes its rows, then produces its records);
