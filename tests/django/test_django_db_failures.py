@@ -58,8 +58,11 @@ def _admin(alias: str) -> sa.Engine:
     if alias not in _ADMINS:
         s = connections[alias].settings_dict
         driver = "postgresql+psycopg" if connections[alias].vendor == "postgresql" else "mysql+pymysql"
+        # AUTOCOMMIT: PostgreSQL keeps one snapshot of pg_stat_activity per transaction, so a poll inside one
+        # transaction would see a terminated backend for as long as it runs.
         _ADMINS[alias] = sa.create_engine(sa.URL.create(driver, s["USER"], s["PASSWORD"], s["HOST"], int(s["PORT"]),
-                                                        s["NAME"]), poolclass=sa.pool.NullPool)
+                                                        s["NAME"]), poolclass=sa.pool.NullPool,
+                                          isolation_level="AUTOCOMMIT")
     return _ADMINS[alias]
 
 
