@@ -350,9 +350,34 @@ def test_record_outcome_unknown_below_log_start(
     assert control.record_outcome(tp, 5) == "ongoing"  # nothing stable there yet
 
 
-def test_partition_leader_is_looked_up_once(control: ControlPlane, topic_factory: Callable[..., str]) -> None:
+def _serving(bootstrap: str, topic: str, partitions: int, timeout: float = 30.0) -> None:
+    """Wait until every partition of a new ``topic`` answers ListOffsets at its leader (asked by another client).
+
+    A partition whose leader is elected may refuse requests for a moment while its replica starts (on a
+    loaded machine): the control plane would then, rightly, look its leader up again.
+    """
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"serving-{uuid.uuid4().hex[:8]}"})
+    try:
+        deadline = time.monotonic() + timeout
+        for partition in range(partitions):
+            while True:
+                try:
+                    consumer.get_watermark_offsets(CTopicPartition(topic, partition), timeout=5)
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+    finally:
+        consumer.close()
+
+
+def test_partition_leader_is_looked_up_once(
+    control: ControlPlane, topic_factory: Callable[..., str], kafka_bootstrap: str
+) -> None:
     """Calls routed to a partition leader ask Metadata for it once, then go straight to the leader."""
     tp = TopicPartition(topic_factory(partitions=2), 1)
+    _serving(kafka_bootstrap, tp.topic, 2)
     before = control.requests_sent.get("Metadata", 0)
     for _ in range(3):
         assert control.describe_producers(tp) == []
