@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -20,3 +23,22 @@ def record_section(heading: str, body: str, path: Path = RESULTS) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     path.write_text(text)
+
+
+def merged_profile(profiles: list[cProfile.Profile], sort: str, top: int, dump: str | None = None) -> str:
+    """Every thread's profile merged into one (each stopped first; a thread that recorded nothing is left out):
+    its ``top`` entries by ``sort``, as text; with ``dump``, the merged profile is written there too."""
+    for profile in profiles:
+        profile.disable()  # only stops the calling thread's; the snapshot is what each recorded
+    stats = pstats.Stats(profiles[0])
+    for profile in profiles[1:]:
+        try:
+            stats.add(profile)
+        except TypeError:  # a thread that recorded nothing
+            pass
+    if dump:
+        stats.dump_stats(dump)
+    out = io.StringIO()
+    stats.stream = out  # type: ignore[attr-defined]
+    stats.sort_stats(sort).print_stats(top)
+    return out.getvalue()

@@ -34,7 +34,6 @@ import argparse
 import cProfile
 import io
 import os
-import pstats
 import statistics
 import sys
 import threading
@@ -44,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy as sa
+from _results import merged_profile  # noqa: E402 - benchmarks/ is on sys.path
 from bench_dual_write import CpuMeter, _bootstrap  # noqa: E402 - benchmarks/ is on sys.path
 
 from kafka2pc.testing import create_topic
@@ -249,20 +249,10 @@ def _profile(post: Callable[[], None], args: argparse.Namespace, workers: Worker
     close()
     with lock:
         taken = workers.profiles + background
-    stats = pstats.Stats(taken[0])
-    for p in taken[1:]:
-        try:
-            stats.add(p)
-        except TypeError:  # a thread that recorded nothing
-            pass
-    if args.dump:
-        stats.dump_stats(args.dump)
-    out = io.StringIO()
-    stats.stream = out  # type: ignore[attr-defined]
-    stats.sort_stats(args.sort).print_stats(args.top)
+    report = merged_profile(taken, args.sort, args.top, args.dump)
     print(f"profiled {args.profile}: {requests / elapsed:.1f} req/s over {len(taken)} threads, {requests} "
           f"requests: times below are seconds over the run, divide by {requests} for per request")
-    print(out.getvalue())
+    print(report)
 
 if __name__ == "__main__":
     main()

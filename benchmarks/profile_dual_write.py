@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
-import pstats
 import re
 import threading
 import time
@@ -35,6 +33,7 @@ import uuid
 from typing import Any
 
 import sqlalchemy as sa
+from _results import merged_profile  # noqa: E402 - benchmarks/ is on sys.path
 from bench_dual_write import Lane, _bootstrap, _measure  # noqa: E402 - benchmarks/ is on sys.path
 from kafka2pc.recipes.dual_write import WriterPool, define_lease_table, define_state_table
 
@@ -116,23 +115,12 @@ def main() -> None:
             main_profile.disable()
             threading.setprofile(None)  # type: ignore[arg-type]
             ptxns = prate * args.seconds
-            stats = pstats.Stats(main_profile)
             with lock:
                 taken = list(profiles)
-            for p in taken:
-                p.disable()  # only stops the calling thread's; the snapshot below is what each recorded
-                try:
-                    stats.add(p)
-                except TypeError:  # a thread that recorded nothing
-                    pass
-            if args.dump:
-                stats.dump_stats(args.dump)
-            out = io.StringIO()
-            stats.stream = out  # type: ignore[attr-defined]
-            stats.sort_stats(args.sort).print_stats(args.top)
+            report = merged_profile([main_profile, *taken], args.sort, args.top, args.dump)
             print(f"profiled: {prate:.1f} txn/s over {len(taken) + 1} threads, {ptxns:.0f} txns; "
                   f"times below are seconds over the run: divide by {ptxns:.0f} for per-txn")
-            print(out.getvalue())
+            print(report)
         pool.close()
         for lane in lanes:
             lane.close()
